@@ -1,0 +1,192 @@
+"""Typed configuration: one dataclass per Hydra config group, registered with the ConfigStore.
+
+Every key has a type, so Hydra rejects a misspelt key by name and OmegaConf rejects an ill-typed
+value. The YAML files under ``conf/`` pick values; these classes say which keys exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class ModelConfig:
+    name: str = "gpt-nano"
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    d_ff: Optional[int] = None  # null: 4 * d_model
+    block_size: int = 64  # context length of a training sequence
+    vocab_size: Optional[int] = None  # null: taken from the data
+    dropout: float = 0.0
+    bias: bool = True
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    # synthetic: a sparse random Markov source of the given order over vocab_size tokens
+    vocab_size: int = 256
+    order: int = 1
+    branching: int = 4
+    concentration: float = 0.5
+    source_seed: int = 1234
+    # text, tinyshakespeare, wikitext2, wikitext103
+    train: Optional[str] = None
+    valid: Optional[str] = None
+    valid_fraction: float = 0.1
+    path: Optional[str] = None
+    hf_path: Optional[str] = None
+    hf_name: Optional[str] = None
+    cache_dir: Optional[str] = None
+    # validation tokens evaluated at each evaluation
+    eval_tokens: int = 8192
+
+
+@dataclass
+class PipelineConfig:
+    stages: int = 1
+    microbatches: int = 1
+    runtime: str = "local"  # local | dist | auto
+    backend: str = "auto"  # auto | gloo | nccl
+    devices: List[str] = field(default_factory=list)
+    clock: str = "profiled"  # profiled | measured
+    profile: Optional[str] = None  # a saved cost profile (profile.json) to reuse
+    profile_reps: int = 5
+    partition: str = "flops"  # flops | params | uniform
+    link_latency_s: float = 0.0
+    link_bandwidth: float = 0.0  # bytes per second; 0 means infinite
+    timeout_s: float = 300.0
+    threads: int = 0  # torch threads per process; 0 leaves torch's default
+    order: str = "forward"  # local runtime interleaving of stages: forward | reverse
+
+
+def _schedule_class() -> type:
+    """ScheduleConfig has a key named ``async`` (schedule.async=pipedream), a Python keyword, so the
+    class is built from an annotations dict; ``init``/``repr``/``eq`` are off because generated
+    code would have to spell ``self.async``. OmegaConf only reads the fields and their defaults."""
+    fields: dict[str, tuple[Any, Any]] = {
+        "name": (str, "1f1b"),
+        # async weight rule: stash | latest | vertical (pipedream); 2bw uses double buffering
+        "weights": (str, "stash"),
+        "mitigation": (List[str], field(default_factory=list)),
+        "lr_reschedule_steps": (int, 100),  # PipeMare: steps over which the delay scaling anneals
+        "predict_beta": (float, 0.0),  # EMA factor of the update velocity used by `predict`
+        "nesterov_gamma": (float, 0.5),  # weight-space look-ahead coefficient of `nesterov`
+        # adapipe: which sync and async schedules it alternates between
+        "sync": (str, "1f1b"),
+        "async": (str, "pipedream"),
+        "async_lr_scale": (float, 1.0),
+        "transition_steps": (int, 0),  # damped steps after every switch into async
+        "transition_lr_scale": (float, 1.0),  # lr factor at the start of a transition, ramped to 1
+        "transition_momentum": (Optional[float], None),  # beta1 during a transition (null: unchanged)
+    }
+    ns: dict[str, Any] = {"__annotations__": {k: t for k, (t, _) in fields.items()}}
+    ns.update({k: d for k, (_, d) in fields.items()})
+    return dataclass(init=False, repr=False, eq=False)(type("ScheduleConfig", (), ns))
+
+
+ScheduleConfig = _schedule_class()
+
+
+@dataclass
+class HeuristicConfig:
+    name: str = "fixed"
+    # fixed: [[phase, steps], ...]; steps null means until the end
+    plan: List[Any] = field(default_factory=lambda: [["sync", None]])
+    window: int = 20
+    probe_every: int = 100
+    probe_steps: int = 20
+    margin: float = 0.05
+    smoothing: float = 0.9
+    start: str = "sync"
+    min_phase_steps: int = 10
+    # divergence guard
+    guard: bool = True
+    guard_factor: float = 2.0
+    guard_every: int = 10
+    guard_cooldown: int = 50
+    options: Dict[str, Any] = field(default_factory=dict)  # keys of user-written heuristics
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    decay: str = "cosine"  # cosine | constant
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 disables clipping
+    # muon (hidden matrices); AdamW with the settings above for the rest
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+
+
+@dataclass
+class LoggerConfig:
+    name: str = "none"  # none | wandb
+    project: str = "adapipe"
+    entity: Optional[str] = None
+    run_name: Optional[str] = None
+    mode: Optional[str] = None  # null: honour WANDB_MODE
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 8
+    max_steps: int = 200
+    max_time_s: float = 0.0  # 0: no limit (on the run's clock, time_s)
+    eval_every: int = 20
+    target_ppl: Optional[float] = None
+    stop_at_target: bool = False
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    save_final: bool = False
+    resume: Optional[str] = None
+    progress: str = "auto"  # auto | on | off
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    schedule: ScheduleConfig = field(default_factory=lambda: ScheduleConfig)  # type: ignore[valid-type]
+    heuristic: HeuristicConfig = field(default_factory=HeuristicConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0
+
+
+GROUPS = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "pipeline": PipelineConfig,
+    "schedule": ScheduleConfig,
+    "heuristic": HeuristicConfig,
+    "optim": OptimConfig,
+    "logger": LoggerConfig,
+}
+
+
+def register_configs() -> None:
+    """Register the schema as ``base_config`` and each group's schema as ``<group>/base``."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, cls in GROUPS.items():
+        cs.store(group=group, name="base", node=cls)
+
+
+def field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]

@@ -1,0 +1,86 @@
+"""Checks of a composed config that the schema's types cannot express. Each failure is one line
+that says what to change."""
+
+from __future__ import annotations
+
+import os
+
+from ..schedules.mitigations import MITIGATIONS
+from ..schedules.program import WEIGHT_RULES
+
+SCHEDULES = ("1f1b", "gpipe", "pipedream", "2bw", "adapipe")
+SYNC_SCHEDULES = ("1f1b", "gpipe")
+ASYNC_SCHEDULES = ("pipedream", "2bw")
+RUNTIMES = ("local", "dist", "auto")
+BACKENDS = ("auto", "gloo", "nccl")
+CLOCKS = ("profiled", "measured")
+PARTITIONS = ("flops", "params", "uniform")
+
+
+class ConfigError(ValueError):
+    """A user mistake in the configuration; the message is one line saying what to change."""
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate(cfg) -> None:
+    """Raise :class:`ConfigError` for the first problem found in ``cfg``."""
+    m, p, t, o, s, d = cfg.model, cfg.pipeline, cfg.train, cfg.optim, cfg.schedule, cfg.data
+    _need(m.n_layer >= 1 and m.d_model >= 1 and m.n_head >= 1, "model.n_layer, model.d_model and model.n_head must be positive")
+    _need(m.d_model % m.n_head == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _need(m.block_size >= 2, "model.block_size must be at least 2")
+    _need(p.stages >= 1, f"pipeline.stages must be at least 1 (got {p.stages})")
+    _need(p.stages <= m.n_layer,
+          f"pipeline.stages={p.stages} is more than the {m.n_layer} blocks of model {m.name}: "
+          f"use at most {m.n_layer} stages or a deeper model")
+    _need(p.microbatches >= 1, f"pipeline.microbatches must be at least 1 (got {p.microbatches})")
+    _need(t.batch_size >= 1, f"train.batch_size must be positive (got {t.batch_size})")
+    _need(t.batch_size % p.microbatches == 0,
+          f"train.batch_size={t.batch_size} is not divisible by pipeline.microbatches={p.microbatches}: "
+          f"choose a batch size that is a multiple of the microbatch count")
+    _need(t.max_steps >= 1, f"train.max_steps must be positive (got {t.max_steps})")
+    _need(t.max_time_s >= 0, f"train.max_time_s must be >= 0 (got {t.max_time_s}; 0 means no limit)")
+    _need(t.eval_every >= 1, f"train.eval_every must be positive (got {t.eval_every})")
+    _need(t.target_ppl is None or t.target_ppl > 1, f"train.target_ppl must be greater than 1 (got {t.target_ppl})")
+    _need(not t.stop_at_target or t.target_ppl is not None, "train.stop_at_target=true needs a train.target_ppl")
+    _need(t.checkpoint_every >= 0, "train.checkpoint_every must be >= 0 (0: no periodic checkpoints)")
+    _need(o.lr > 0, f"optim.lr must be positive (got {o.lr})")
+    _need(o.name != "muon" or o.muon_lr > 0, f"optim.muon_lr must be positive (got {o.muon_lr})")
+    _need(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
+    _need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
+    _need(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables clipping)")
+    _need(o.name in ("adamw", "nadamw", "muon"), f"unknown optimizer optim.name={o.name!r}: use adamw, nadamw or muon")
+    _need(p.runtime in RUNTIMES, f"unknown pipeline.runtime={p.runtime!r}: use local, dist or auto")
+    _need(p.backend in BACKENDS, f"unknown pipeline.backend={p.backend!r}: use auto, gloo or nccl")
+    _need(p.clock in CLOCKS, f"unknown pipeline.clock={p.clock!r}: use profiled or measured")
+    _need(p.partition in PARTITIONS, f"unknown pipeline.partition={p.partition!r}: use flops, params or uniform")
+    _need(p.order in ("forward", "reverse"), f"unknown pipeline.order={p.order!r}: use forward or reverse")
+    _need(p.profile is None or os.path.isfile(p.profile), f"pipeline.profile={p.profile} does not exist: give a saved profile.json")
+    _need(d.eval_tokens >= 1, "data.eval_tokens must be positive")
+    _check_schedule(cfg)
+
+
+def _check_schedule(cfg) -> None:
+    s, p = cfg.schedule, cfg.pipeline
+    _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
+    if s.name == "adapipe":
+        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use 1f1b or gpipe")
+        _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use pipedream or 2bw")
+    _need(s.weights in WEIGHT_RULES[:3], f"unknown schedule.weights={s.weights!r}: use stash, latest or vertical")
+    for name in s.mitigation:
+        _need(name in MITIGATIONS, f"unknown mitigation {name!r} in schedule.mitigation: use {', '.join(MITIGATIONS)}")
+    _need(s.async_lr_scale > 0, "schedule.async_lr_scale must be positive")
+    _need(s.transition_steps >= 0, "schedule.transition_steps must be >= 0")
+    _need(s.transition_lr_scale > 0, "schedule.transition_lr_scale must be positive")
+    uses_2bw = s.name == "2bw" or (s.name == "adapipe" and s["async"] == "2bw")
+    _need(not uses_2bw or p.microbatches >= p.stages - 1,
+          f"2bw needs pipeline.microbatches >= pipeline.stages - 1 (= {p.stages - 1}), got "
+          f"{p.microbatches}: raise pipeline.microbatches or use schedule=pipedream")
+    uses_async = s.name in ASYNC_SCHEDULES or s.name == "adapipe"
+    _need(not (uses_async and cfg.model.tie_embeddings and p.stages > 1),
+          "model.tie_embeddings=true needs a synchronous schedule when pipeline.stages > 1 (the first and last "
+          "stage sum their embedding gradients at a flush): use schedule=1f1b or gpipe, or untied embeddings")
+    _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")

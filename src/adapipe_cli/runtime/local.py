@@ -1,0 +1,140 @@
+"""The local runtime: every stage in one process, an exact emulation of a p-device pipeline.
+
+Each stage is a :class:`StageExecutor` with its own parameters, optimizer, stashed versions and
+activations; stages talk only through a :class:`LocalTransport`. :meth:`LocalRuntime.run_step`
+runs every stage exactly up to its update of step ``t`` (in any dependency-respecting order), so
+that afterwards every stage holds version ``t + 1`` and the model can be evaluated as is. The
+pipeline clock times each action from its cost (profiled or measured).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..model import lm_loss
+from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
+from ..simulator.clock import CostProfile, LinkModel, PipelineClock
+from .stage import StageExecutor
+from .transport import LocalTransport
+from .walk import walk
+
+
+@dataclass
+class StepResult:
+    step: int
+    phase: str
+    loss: float
+    time_s: float  # pipeline time at which the step's last update ended
+    staleness_mean: float
+    staleness_max: int
+    bubble: float
+    grad_norm: float
+    lr: float
+    versions_max: int
+    inflight_max: int
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(
+        self,
+        stages,
+        optimizers,
+        spec: ScheduleSpec,
+        plan: Plan,
+        policy,
+        batch,
+        profile: CostProfile | None,
+        link: LinkModel,
+        grad_clip: float,
+        seed: int,
+        tied: bool,
+        order: str = "forward",
+    ):
+        self.p, self.m = spec.stages, spec.microbatches
+        self.plan, self.spec = plan, spec
+        self.transport = LocalTransport()
+        self.programs = [StageProgram(s, spec, plan) for s in range(self.p)]
+        self.executors = [
+            StageExecutor(s, self.p, self.m, stages[s], optimizers[s], self.transport, batch, policy,
+                          self.programs[s], grad_clip=grad_clip, seed=seed, tied=tied)
+            for s in range(self.p)
+        ]
+        self.profile = profile  # None: each action's measured duration is its cost
+        self.clock = PipelineClock(self.p, link, profile.act_bytes if profile else 0.0)
+        self.updated = [-1] * self.p  # last step each stage has updated
+        self.arrived: set[tuple[int, int]] = set()
+        self.order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))
+        self.lifo = order == "reverse"
+        self.last_time = 0.0
+        self.last_busy = 0.0
+
+    # -- the walk ------------------------------------------------------------------------------
+    def _ready(self, s: int, a: Action) -> bool:
+        if a.kind == UPDATE and a.phase == SYNC and (s, a.step) not in self.arrived:
+            self.arrived.add((s, a.step))
+            self.clock.arrive(s, a.step)
+        return self.executors[s].ready(a)
+
+    def _execute(self, s: int, a: Action) -> list[int]:
+        t0 = time.perf_counter()
+        self.executors[s].run(a)
+        cost = time.perf_counter() - t0 if self.profile is None else self.profile.cost(s, a.kind)
+        self.clock.run(s, a, cost)
+        if a.kind == UPDATE:
+            self.updated[s] = a.step
+            self.arrived.discard((s, a.step))
+            return list(range(self.p)) if a.phase == SYNC else []
+        if a.kind in (FORWARD, EVAL):
+            return [s + 1] if s + 1 < self.p else []
+        if a.kind == BACKWARD:
+            return [s - 1] if s > 0 else []
+        return []
+
+    def run_step(self, t: int) -> StepResult:
+        """Run every stage up to and including its update of step ``t``."""
+        walk(self.programs, self.order, lambda s: self.updated[s] >= t, self._ready, self._execute, self.lifo)
+        stats = [ex.take_stats(t) for ex in self.executors]
+        delays = [d for st in stats for d in st.delays]
+        now = self.clock.update_end.pop(t)
+        busy = sum(self.clock.busy)
+        span = now - self.last_time
+        bubble = 1.0 - (busy - self.last_busy) / (self.p * span) if span > 0 else 0.0
+        self.last_time, self.last_busy = now, busy
+        last = stats[-1]
+        return StepResult(
+            step=t,
+            phase=self.plan.phases[t],
+            loss=sum(last.losses) / max(1, len(last.losses)),
+            time_s=now,
+            staleness_mean=sum(delays) / max(1, len(delays)),
+            staleness_max=max(delays, default=0),
+            bubble=max(0.0, bubble),
+            grad_norm=stats[0].grad_norm,
+            lr=last.lr,
+            versions_max=max(ex.versions_held() for ex in self.executors),
+            inflight_max=max(len(ex.inflight) for ex in self.executors),
+        )
+
+    @torch.no_grad()
+    def evaluate(self, batches) -> float:
+        """Mean validation loss of the current weights (every stage holds the same version after
+        ``run_step``)."""
+        total = 0.0
+        for x, y in batches:
+            h = x
+            for ex in self.executors:
+                h = ex.eval_forward(ex.live, h)
+            total += lm_loss(h, y).item()
+        return total / len(batches)
+
+    def memory(self) -> list[dict]:
+        return [{"stage": ex.s, "peak_activations": ex.peak_inflight, "peak_weight_versions": ex.peak_versions}
+                for ex in self.executors]
+
+    def modules(self):
+        return [ex.module for ex in self.executors]

@@ -1,0 +1,301 @@
+"""The stage executor: runs one stage's actions. Both runtimes use it; only the transport differs.
+
+A stage owns its parameters (the *live* version, updated in place by its optimizer), the older
+versions that in-flight or future actions still need (stashed copies), the activations of its
+in-flight microbatches and the gradient accumulators of unfinished steps.
+
+Synchronous actions compute with the live parameters directly. Asynchronous ones compute with a
+copy of their version (made once per version): an update may land between a forward and its
+backward, and it must not change the weights the backward differentiates.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch.func import functional_call
+
+from ..model import GPTStage, lm_loss
+from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
+from ..train.optim import StageOptimizer
+from .transport import Transport
+
+
+@dataclass
+class InFlight:
+    version: int
+    weights: list[torch.Tensor] | None  # None: the live parameters
+    x: torch.Tensor  # stage input (leaf; requires grad except on the first stage)
+    out: torch.Tensor  # stage output, or the scaled loss on the last stage
+
+
+@dataclass
+class StepStats:
+    """What a stage records about one optimizer step."""
+
+    losses: list[float] = field(default_factory=list)  # last stage: microbatch losses
+    delays: list[int] = field(default_factory=list)  # step - version of each forward
+    grad_norm: float = float("nan")
+    lr: float = float("nan")
+
+
+class StageExecutor:
+    """Executes the actions of stage ``index`` of ``stages``.
+
+    ``batch(step, mb)`` returns the microbatch's (inputs, targets); the first stage reads the
+    inputs, the last the targets. ``policy`` gives each update's learning-rate scale and optional
+    momentum override, and applies the staleness mitigations (see :mod:`..schedules.mitigations`).
+    """
+
+    def __init__(
+        self,
+        index: int,
+        stages: int,
+        microbatches: int,
+        module: GPTStage,
+        optimizer: StageOptimizer,
+        transport: Transport,
+        batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]],
+        policy,
+        program: StageProgram,
+        grad_clip: float = 0.0,
+        seed: int = 0,
+        tied: bool = False,
+    ) -> None:
+        self.s, self.p, self.m = index, stages, microbatches
+        self.first, self.last = index == 0, index == stages - 1
+        self.module, self.opt, self.transport = module, optimizer, transport
+        self.batch, self.policy, self.program = batch, policy, program
+        self.grad_clip, self.seed = grad_clip, seed
+        # tied embeddings across first and last stage: the two copies' gradients are summed
+        self.tied = tied and stages > 1 and (self.first or self.last)
+        named = list(module.named_parameters())
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.tied_index = self._tied_index() if self.tied else -1
+        self.live = 0  # version held by the live parameters
+        self.copies: dict[int, list[torch.Tensor]] = {}  # version -> frozen copy of its weights
+        self.inflight: dict[int, InFlight] = {}
+        self.grads: dict[int, list[torch.Tensor]] = {}  # step -> accumulated gradient
+        self.stats: dict[int, StepStats] = {}
+        self.eval_losses: dict[int, list[float]] = {}  # version -> validation losses (last stage)
+        self.peak_inflight = 0
+        self.peak_versions = 1
+        self.dropout = module.cfg.dropout > 0
+        self._posted: set[tuple] = set()  # synchronous updates whose collectives were posted
+        self.val: list[tuple[torch.Tensor, torch.Tensor]] = []  # validation batches for E actions
+
+    def _tied_index(self) -> int:
+        name = "embed.wte.weight" if self.first else "head.lm_head.weight"
+        return self.names.index(name)
+
+    # -- readiness (local runtime) -----------------------------------------------------------
+    def ready(self, a: Action) -> bool:
+        """Whether ``a``'s inputs have arrived. A synchronous update first posts this stage's
+        share of the collective (squared gradient norm, tied gradient) and waits for the rest."""
+        t = self.transport
+        if a.kind == FORWARD:
+            return self.first or t.ready("act", self.s - 1, self.s, a.mb)
+        if a.kind == BACKWARD:
+            return self.last or t.ready("grad", self.s + 1, self.s, a.mb)
+        if a.kind == EVAL:
+            return self.first or t.ready("eval", self.s - 1, self.s, (a.version, 0))
+        if a.phase == SYNC:
+            key = ("norm", a.step)
+            if key not in self._posted:
+                self._post_update_collectives(a.step)
+            return t.reduce_ready(key, self._all) and (not self.tied or t.reduce_ready(("tied", a.step), self._ends))
+        return True
+
+    @property
+    def _all(self) -> tuple[int, ...]:
+        return tuple(range(self.p))
+
+    @property
+    def _ends(self) -> tuple[int, ...]:
+        return (0, self.p - 1)
+
+    def _post_update_collectives(self, step: int) -> None:
+        g = self.grads[step]
+        self.transport.post_reduce(("norm", step), self.s, self._all, [self._sq_norm(g)])
+        if self.tied:
+            self.transport.post_reduce(("tied", step), self.s, self._ends, [g[self.tied_index]])
+        self._posted.add(("norm", step))
+
+    # -- execution -----------------------------------------------------------------------------
+    def run(self, a: Action) -> None:
+        if a.kind == FORWARD:
+            self.forward(a)
+        elif a.kind == BACKWARD:
+            self.backward(a)
+        elif a.kind == UPDATE:
+            self.update(a)
+        elif a.kind == EVAL:
+            self.evaluate(a)
+        self._release()
+
+    def _weights(self, version: int, phase: str, step: int) -> list[torch.Tensor] | None:
+        """Tensors to compute with for ``version``: None means the live parameters."""
+        if phase == SYNC and version == self.live:
+            return None
+        predicted = self.policy.predicted_weights(self, version, step)
+        if predicted is not None:
+            return predicted
+        if version not in self.copies:
+            if version != self.live:
+                raise RuntimeError(f"stage {self.s}: weight version {version} is no longer held (live {self.live})")
+            self.copies[version] = [p.detach().clone().requires_grad_(True) for p in self.params]
+        return self.copies[version]
+
+    def _call(self, x: torch.Tensor, weights: list[torch.Tensor] | None, mb: int) -> torch.Tensor:
+        if self.dropout:  # the same dropout mask whatever the execution order
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((self.seed * 1_000_003 + self.s) * 1_000_003 + mb)
+                return self._call_plain(x, weights)
+        return self._call_plain(x, weights)
+
+    def _call_plain(self, x: torch.Tensor, weights: list[torch.Tensor] | None) -> torch.Tensor:
+        if weights is None:
+            return self.module(x)
+        return functional_call(self.module, dict(zip(self.names, weights)), (x,), tie_weights=False)
+
+    def _input(self, a: Action) -> torch.Tensor:
+        if self.first:
+            return self.batch(a.step, a.mb % self.m)[0]
+        return self.transport.recv("act", self.s - 1, self.s, a.mb).requires_grad_(True)
+
+    def forward(self, a: Action) -> None:
+        x = self._input(a)
+        w = self._weights(a.version, a.phase, a.step)
+        out = self._call(x, w, a.mb)
+        st = self.stats.setdefault(a.step, StepStats())
+        st.delays.append(a.step - a.version)
+        if self.last:
+            loss = lm_loss(out, self.batch(a.step, a.mb % self.m)[1])
+            st.losses.append(loss.item())
+            out = loss / self.m  # the step's gradient is the mean over its microbatches
+        else:
+            self.transport.send("act", self.s, self.s + 1, a.mb, out.detach())
+        self.inflight[a.mb] = InFlight(a.version, w, x, out)
+        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
+
+    def backward(self, a: Action) -> None:
+        rec = self.inflight.pop(a.mb)
+        grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb)
+        w, out, x = rec.weights, rec.out, rec.x
+        if a.version != rec.version:  # no stashing: differentiate at the weights current now
+            w = self._weights(a.version, a.phase, a.step)
+            x = x.detach().requires_grad_(not self.first)
+            out = self._call(x, w, a.mb)
+            if self.last:
+                out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
+        params = self.params if w is None else w
+        inputs = params if self.first else [x, *params]
+        grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+        if not self.first:
+            self.transport.send("grad", self.s, self.s - 1, a.mb, grads[0])
+            grads = grads[1:]
+        grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
+        acc = self.grads.get(a.step)
+        if acc is None:
+            self.grads[a.step] = grads
+        else:
+            for g_acc, g in zip(acc, grads):
+                g_acc.add_(g)
+
+    @staticmethod
+    def _sq_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([torch.linalg.vector_norm(g) for g in grads]).pow(2).sum()
+
+    def update(self, a: Action) -> None:
+        """``U(t)``: clip and apply step ``t``'s accumulated gradient.
+
+        Sync: the gradient is clipped by the norm over all stages (a collective), so a pipeline
+        clips exactly as one process would. Async stages update at different times, so each clips
+        its own gradient to ``grad_clip / sqrt(p)`` (which bounds the norm over all stages by
+        ``grad_clip``)."""
+        grads = self.grads.pop(a.step)
+        st = self.stats.setdefault(a.step, StepStats())
+        if a.phase == SYNC:
+            if self.tied:
+                (grads[self.tied_index],) = self.transport.reduce(("tied", a.step), self.s, self._ends, [grads[self.tied_index]])
+            (sq,) = self.transport.reduce(("norm", a.step), self.s, self._all, [self._sq_norm(grads)])
+            self._posted.discard(("norm", a.step))
+            clip = self.grad_clip
+        else:
+            sq = self._sq_norm(grads)
+            clip = self.grad_clip / math.sqrt(self.p)
+        norm = float(sq.sqrt())
+        st.grad_norm = norm
+        if clip > 0:
+            coef = min(1.0, clip / (norm + 1e-6))
+            if coef < 1.0:
+                for g in grads:
+                    g.mul_(coef)
+        if self._needed(self.live) and self.live not in self.copies:
+            self.copies[self.live] = [p.detach().clone().requires_grad_(True) for p in self.params]
+        for p, g in zip(self.params, grads):
+            p.grad = g
+        delay = sum(st.delays) / max(1, len(st.delays))
+        lr_scale, beta1 = self.policy.update_scale(self.s, a.step, a.phase, delay)
+        before = self.policy.before_update(self)
+        self.opt.step(lr_scale, beta1)
+        self.live += 1
+        self.policy.after_update(self, before, a.phase, delay)
+        st.lr = self.opt.current_lr()
+
+    @torch.no_grad()
+    def evaluate(self, a: Action) -> None:
+        """``E``: forward of the validation batches with ``a.version`` (the weights after
+        ``a.step + 1`` updates), passed on batch by batch; the last stage records the losses."""
+        losses = []
+        for i, (x, y) in enumerate(self.val):
+            h = x if self.first else self.transport.recv("eval", self.s - 1, self.s, (a.version, i))
+            out = self.eval_forward(a.version, h)
+            if self.last:
+                losses.append(lm_loss(out, y).item())
+            else:
+                self.transport.send("eval", self.s, self.s + 1, (a.version, i), out)
+        if self.last:
+            self.eval_losses[a.version] = losses
+
+    @torch.no_grad()
+    def eval_forward(self, version: int, x: torch.Tensor) -> torch.Tensor:
+        """Forward of one validation batch with ``version``'s weights."""
+        if version == self.live:
+            return self.module(x)
+        w = self.copies.get(version)
+        if w is None:
+            raise RuntimeError(f"stage {self.s}: weight version {version} is no longer held (live {self.live})")
+        return functional_call(self.module, dict(zip(self.names, w)), (x,), tie_weights=False)
+
+    # -- memory ----------------------------------------------------------------------------------
+    def _needed(self, version: int) -> bool:
+        return any(r.version == version for r in self.inflight.values()) or self.program.floor_version() <= version
+
+    def _release(self) -> None:
+        floor = self.program.floor_version()
+        held = {r.version for r in self.inflight.values()}
+        for v in list(self.copies):
+            if v != self.live and v not in held and v < floor:
+                del self.copies[v]
+        self.policy.release(self, floor, held)
+        self.peak_versions = max(self.peak_versions, self.versions_held())
+
+    def versions_held(self) -> int:
+        """Distinct weight versions this stage must keep: the live one and every older one an
+        in-flight microbatch or a pending action still uses."""
+        return len({self.live, *(r.version for r in self.inflight.values()), *(v for v in self.copies if v < self.live)})
+
+    def take_stats(self, step: int) -> StepStats:
+        return self.stats.pop(step, StepStats())
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0

@@ -1,0 +1,50 @@
+"""Running several stages' action lists in one process, in any order their dependencies allow."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Sequence
+
+from ..schedules import Action, StageProgram
+
+
+class Deadlock(RuntimeError):
+    pass
+
+
+def walk(
+    programs: Sequence[StageProgram],
+    stages: Sequence[int],
+    done: Callable[[int], bool],
+    ready: Callable[[int, Action], bool],
+    execute: Callable[[int, Action], Sequence[int]],
+    lifo: bool = False,
+) -> None:
+    """Run stages until ``done(s)`` holds for each stage in ``stages``.
+
+    A stage runs its next action while ``ready``; ``execute`` returns the stages its action may
+    have unblocked, which are queued again. ``stages`` gives the first visiting order and ``lifo``
+    the queue discipline: different choices give different interleavings of the same lists (the
+    numbers must not depend on them).
+    """
+    queue = deque(s for s in stages if not done(s))
+    queued = set(queue)
+    while queue:
+        s = queue.pop() if lifo else queue.popleft()
+        queued.discard(s)
+        prog = programs[s]
+        while not done(s):
+            a = prog.peek()
+            if a is None:
+                raise Deadlock(f"stage {s} ran out of actions before finishing")
+            if not ready(s, a):
+                break
+            prog.pop()
+            for w in execute(s, a):
+                if w not in queued and not done(w):
+                    queued.add(w)
+                    queue.append(w)
+    stuck = [s for s in stages if not done(s)]
+    if stuck:
+        waits = ", ".join(f"stage {s} at {programs[s].peek()}" for s in stuck)
+        raise Deadlock(f"pipeline deadlock: {waits}")

@@ -1,0 +1,84 @@
+"""The vocabulary of a schedule: actions, phases and the phase plan.
+
+Weight versions are numbered by updates: a stage holds version ``v`` after ``v`` optimizer updates,
+and the update of step ``t`` turns version ``t`` into ``t + 1``. Every forward and backward action
+names the version it computes with, so the numbers a schedule produces do not depend on when a
+runtime happens to execute it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+SYNC, ASYNC = "sync", "async"
+FORWARD, BACKWARD, UPDATE, EVAL = "F", "B", "U", "E"
+
+
+class Action(NamedTuple):
+    """One unit of a stage's work.
+
+    kind: F (forward of microbatch ``mb``), B (its backward), U (optimizer update of ``step``) or
+    E (forward of the validation set with version ``version``; used where evaluation travels
+    through the pipeline).
+    mb: global microbatch index ``step * m + i`` (-1 for U and E).
+    step: optimizer step (minibatch) the action belongs to.
+    version: weight version the action computes with (U: the version it updates).
+    phase: ``sync`` (flushed step; its update clips by the global gradient norm) or ``async``.
+    """
+
+    kind: str
+    mb: int
+    step: int
+    version: int
+    phase: str
+
+    def __str__(self) -> str:
+        if self.kind in (FORWARD, BACKWARD):
+            return f"{self.kind}{self.mb}@v{self.version}"
+        if self.kind == UPDATE:
+            return f"U{self.step}"
+        return f"E{self.version}"
+
+
+class PlanError(RuntimeError):
+    """A schedule asked for the phase of a step that has not been decided yet."""
+
+
+class Plan:
+    """The phase of every step, decided online (AdaPipe) or fixed in advance.
+
+    Steps at or beyond ``max_steps`` have no phase: the pipeline drains there.
+    """
+
+    def __init__(self, max_steps: int, phases: list[str] | None = None):
+        self.max_steps = max_steps
+        self.phases: list[str] = list(phases or [])
+
+    def phase(self, step: int) -> str | None:
+        if step >= self.max_steps:
+            return None
+        if step < len(self.phases):
+            return self.phases[step]
+        raise PlanError(f"phase of step {step} is not decided yet (decided up to {len(self.phases) - 1})")
+
+    def decide(self, step: int, phase: str) -> None:
+        """Fix the phase of ``step``; steps are decided in order."""
+        if phase not in (SYNC, ASYNC):
+            raise ValueError(f"unknown phase {phase!r}")
+        if step != len(self.phases):
+            raise PlanError(f"step {step} decided out of order (next undecided step is {len(self.phases)})")
+        self.phases.append(phase)
+
+    def decided(self) -> int:
+        return len(self.phases)
+
+    def end(self, step: int) -> None:
+        """Stop after step ``step - 1``: no further step is trained."""
+        self.max_steps = min(self.max_steps, max(step, len(self.phases)))
+
+
+def lookahead(stages: int, microbatches: int) -> int:
+    """Steps beyond ``t`` whose phase must be known to run every stage up to the update of step
+    ``t``: the first stage runs ``p - 1`` microbatches ahead in a 1F1B stream, so
+    ``ceil((p - 1) / m)``."""
+    return -(-(stages - 1) // microbatches)

@@ -1,0 +1,128 @@
+"""How each update is made: the learning-rate schedule, the async phase's own knobs, and the
+staleness mitigations (``schedule.mitigation=[...]``, composable).
+
+- ``lr_reschedule``: PipeMare's learning-rate rescheduling (Yang et al., "PipeMare: Asynchronous
+  Pipeline Parallel DNN Training", MLSys 2021, technique T1). A stage whose gradients are ``d``
+  steps stale takes the step size ``lr * (1 + d) ** -(1 - min(k / K, 1))``, where ``k`` counts
+  steps since the async phase began and ``K = schedule.lr_reschedule_steps``: scaled down by the
+  delay at first, annealed back to the full rate over ``K`` steps. Restarted at every switch into
+  async.
+- ``predict``: weight prediction / discrepancy correction (Chen et al., "Efficient and Robust
+  Parallel DNN Training through Model Parallelism on Multi-GPU Platform" (SpecTrain), 2018;
+  PipeMare T2). A forward whose gradient will be applied ``d`` steps later uses the extrapolated
+  weights ``W_v + d * u``, where ``u`` is the stage's update velocity, an EMA of its recent updates
+  ``u <- beta u + (1 - beta) (W_{v} - W_{v-1})`` with ``beta = schedule.predict_beta``; its
+  backward differentiates at the same predicted weights.
+- ``nesterov``: a Nesterov-style look-ahead for delayed gradients in the optimizer's momentum,
+  after Ajanthan et al., "Nesterov Method for Asynchronous Pipeline Parallel Optimization"
+  (ICML 2025), who add a weight-space look-ahead on top of the base optimizer so that the momentum
+  carries the parameters ahead of the stale gradient. Here an async update with base step
+  ``D_t`` becomes ``W_{t+1} = W_t + gamma (W_t - W_{t-1}) + (1 - gamma) D_t`` with
+  ``gamma = schedule.nesterov_gamma``; the ``(1 - gamma)`` keeps the effective step size of the
+  base optimizer (our normalisation; the paper folds it into the learning rate).
+
+Async knobs (issue "async that pays"): ``schedule.async_lr_scale`` multiplies the learning rate of
+every async update; after every switch from sync into async, ``schedule.transition_steps`` steps
+ramp the learning rate linearly from ``transition_lr_scale`` to 1 and, if
+``transition_momentum`` is set, use it as the first-moment/momentum coefficient.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..train.optim import lr_factor
+from .actions import ASYNC, SYNC, Plan
+
+MITIGATIONS = ("lr_reschedule", "predict", "nesterov")
+
+
+class UpdatePolicy:
+    """Decides each update's learning-rate scale and momentum, and applies the mitigations.
+
+    Everything it decides is a function of (stage, step, plan, config), so every runtime and a
+    resumed run take the same decisions."""
+
+    def __init__(self, optim_cfg, sched_cfg, plan: Plan, total_steps: int):
+        self.o, self.c, self.plan, self.total = optim_cfg, sched_cfg, plan, total_steps
+        self.mitigations = set(sched_cfg.mitigation)
+        unknown = self.mitigations - set(MITIGATIONS)
+        if unknown:
+            raise ValueError(f"unknown mitigation {sorted(unknown)[0]!r}: use {', '.join(MITIGATIONS)}")
+        self.velocity: dict[int, list[torch.Tensor]] = {}  # stage -> update velocity (predict)
+        self.predicted: dict[int, dict[tuple[int, int], list[torch.Tensor]]] = {}
+        self.previous_step: dict[int, list[torch.Tensor]] = {}  # stage -> W_t - W_{t-1} (nesterov)
+
+    # -- learning rate -----------------------------------------------------------------------
+    def base_scale(self, step: int) -> float:
+        return lr_factor(step, self.o.warmup_steps, self.total, self.o.min_lr_ratio, self.o.decay)
+
+    def async_start(self, step: int) -> int:
+        """First step of the async phase that contains ``step``."""
+        k = step
+        while k > 0 and self.plan.phases[k - 1] == ASYNC:
+            k -= 1
+        return k
+
+    def update_scale(self, stage: int, step: int, phase: str, delay: float) -> tuple[float, float | None]:
+        """(learning-rate scale, momentum override or None) of stage ``stage``'s update of
+        ``step``, whose gradient is ``delay`` steps stale on average."""
+        scale, beta1 = self.base_scale(step), None
+        if phase == SYNC:
+            return scale, None
+        scale *= self.c.async_lr_scale
+        start = self.async_start(step)
+        k = step - start
+        if start > 0 and k < self.c.transition_steps:  # a switch from sync into async
+            r = self.c.transition_lr_scale
+            scale *= r + (1 - r) * k / self.c.transition_steps
+            beta1 = self.c.transition_momentum
+        if "lr_reschedule" in self.mitigations and delay > 0:
+            anneal = 1 - min(k / max(1, self.c.lr_reschedule_steps), 1.0)
+            scale *= (1 + delay) ** (-anneal)
+        return scale, beta1
+
+    # -- weight prediction -------------------------------------------------------------------
+    def predicted_weights(self, ex, version: int, step: int) -> list[torch.Tensor] | None:
+        if "predict" not in self.mitigations or step - version <= 0 or ex.s not in self.velocity:
+            return None
+        d = step - version
+        cache = self.predicted.setdefault(ex.s, {})
+        if (version, d) not in cache:
+            base = ex.params if version == ex.live else ex.copies[version]
+            u = self.velocity[ex.s]
+            cache[(version, d)] = [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
+        return cache[(version, d)]
+
+    # -- around an update --------------------------------------------------------------------
+    def before_update(self, ex) -> list[torch.Tensor] | None:
+        if self.mitigations & {"predict", "nesterov"}:
+            return [p.detach().clone() for p in ex.params]
+        return None
+
+    @torch.no_grad()
+    def after_update(self, ex, before: list[torch.Tensor] | None, phase: str, delay: float) -> None:
+        if before is None:
+            return
+        if "nesterov" in self.mitigations and phase == ASYNC:
+            g = self.c.nesterov_gamma
+            prev = self.previous_step.get(ex.s)
+            for p, w0, d0 in zip(ex.params, before, prev or [None] * len(before)):
+                step = (p - w0) * (1 - g)
+                if d0 is not None:
+                    step.add_(d0, alpha=g)
+                p.copy_(w0 + step)
+        deltas = [p.detach() - w0 for p, w0 in zip(ex.params, before)]
+        self.previous_step[ex.s] = deltas
+        if "predict" in self.mitigations:
+            b = self.c.predict_beta
+            u = self.velocity.get(ex.s)
+            self.velocity[ex.s] = deltas if u is None or b == 0 else [v.mul(b).add_(d, alpha=1 - b) for v, d in zip(u, deltas)]
+
+    def release(self, ex, floor: int, held: set[int]) -> None:
+        cache = self.predicted.get(ex.s)
+        if cache:
+            in_use = {id(r.weights) for r in ex.inflight.values()}
+            for key in list(cache):
+                if id(cache[key]) not in in_use and key[0] < ex.live:
+                    del cache[key]

@@ -1,0 +1,218 @@
+"""Per-stage action lists, generated lazily from the phase plan.
+
+Training is a sequence of *segments*. Every synchronous step is a segment of its own (it ends with
+a flush); consecutive asynchronous steps form one segment, a continuous 1F1B stream with no flush.
+A phase switch is therefore a segment boundary: async -> sync drains the stream (cool-down of the
+1F1B segment) before the sync step starts, sync -> async starts a new fill.
+
+Within a segment of microbatches ``[a, b)`` stage ``s`` of ``p`` runs
+
+- GPipe (sync only): ``F(a..b-1)``, then ``B(a..b-1)``;
+- 1F1B: ``w = p - s - 1`` warm-up forwards, then ``F(a+w+i), B(a+i)`` pairs, then the remaining
+  backwards (so stage ``s`` holds at most ``p - s`` microbatches in flight);
+
+and the update ``U(t)`` right after the backward of the last microbatch of step ``t``.
+
+Weight versions (see :mod:`.actions`); ``t0`` is the first step of the segment:
+
+- sync: every action of step ``t`` uses version ``t``.
+- ``stash`` (PipeDream): a forward uses the stage's latest version, which in a 1F1B stream is
+  ``max(t0, floor((j - w) / m))`` for microbatch ``j``; its backward uses the same (stashed) one.
+- ``latest`` (PipeMare, no stashing): forwards as ``stash``; a backward uses the latest version
+  at the time it runs.
+- ``vertical``: every stage uses the version the first stage used for that microbatch,
+  ``max(t0, floor((j - p + 1) / m))``.
+- ``2bw`` (PipeDream-2BW): every action of step ``t`` uses ``max(t0, t - 1)``: gradient delay one
+  step at every stage. Feasible only when ``m >= p - 1`` (the first stage must have applied
+  ``U(t-2)`` before it forwards step ``t``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from .actions import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan
+
+WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run with the requested stages and microbatches."""
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """What the stage programs need to know: depth, microbatches and the two phases' kinds."""
+
+    stages: int
+    microbatches: int
+    sync: str = "1f1b"  # 1f1b | gpipe
+    weights: str = "stash"  # async weight rule: stash | latest | vertical | 2bw
+
+    def check(self) -> None:
+        if self.sync not in ("1f1b", "gpipe"):
+            raise ScheduleError(f"unknown sync schedule {self.sync!r}: use 1f1b or gpipe")
+        if self.weights not in WEIGHT_RULES:
+            raise ScheduleError(f"unknown weight rule {self.weights!r}: use stash, latest or vertical")
+        if self.weights == "2bw" and self.microbatches < self.stages - 1:
+            raise ScheduleError(
+                f"2bw needs pipeline.microbatches >= pipeline.stages - 1 (= {self.stages - 1}); "
+                f"got {self.microbatches}: raise the microbatches or use schedule=pipedream"
+            )
+
+
+class StageProgram:
+    """The action list of one stage, produced on demand.
+
+    ``peek()`` returns the next action (or None at the end) without consuming it; ``pop()``
+    consumes it. The program reads the plan only as far as the next action needs: to produce the
+    actions up to ``U(t)`` it needs the phases of steps up to ``t + lookahead(p, m)``.
+
+    ``eval_at(t)`` (optional) asks for an ``E`` action with version ``t + 1`` after step ``t``;
+    ``E`` of version 0 comes first when ``eval_at(-1)``. An ``E`` is placed right before the
+    forward that the first stage runs next after its ``U(t)`` (at every stage), so validation
+    activations travel between stages in the same order as training activations.
+    """
+
+    def __init__(self, stage: int, spec: ScheduleSpec, plan: Plan, eval_at: Callable[[int], bool] | None = None):
+        self.s, self.spec, self.plan = stage, spec, plan
+        self.p, self.m = spec.stages, spec.microbatches
+        self.eval_at = eval_at or (lambda t: False)
+        self.updates = 0  # U actions emitted so far
+        self.next_f = 0  # next microbatch this stage will forward
+        self.seg_start = 0  # first step of the current segment
+        self.pending_evals: list[tuple[int, int]] = []  # (forward index before which E goes, step)
+        self._gen = self._generate()
+        self._next: Action | None = None
+        self._peeked = False
+
+    # -- public ------------------------------------------------------------------------------
+    def peek(self) -> Action | None:
+        if not self._peeked:
+            self._next = next(self._gen, None)
+            self._peeked = True
+        return self._next
+
+    def pop(self) -> Action | None:
+        a = self.peek()
+        self._peeked = False
+        return a
+
+    def floor_version(self) -> int:
+        """A lower bound on the version of every action not yet returned by ``pop``."""
+        lo = self.updates if not self._peeked or self._next is None else min(self.updates, self._next.version)
+        j = self.next_f
+        if self.spec.weights == "vertical":
+            lo = min(lo, max(self.seg_start, (j - self.p + 1) // self.m))
+        elif self.spec.weights == "2bw":
+            lo = min(lo, max(self.seg_start, j // self.m - 1))
+        for _, t in self.pending_evals:
+            lo = min(lo, t + 1)
+        return lo
+
+    # -- generation --------------------------------------------------------------------------
+    def _generate(self) -> Iterator[Action]:
+        if self.eval_at(-1):
+            yield Action(EVAL, -1, -1, 0, SYNC)
+        step = 0
+        while True:
+            phase = self.plan.phase(step)
+            if phase is None:
+                break
+            self.seg_start = step
+            if phase == SYNC:
+                yield from self._sync_step(step)
+                step += 1
+            else:
+                step = yield from self._async_segment(step)
+        for _, t in self.pending_evals:
+            yield Action(EVAL, -1, t, t + 1, SYNC)
+        self.pending_evals.clear()
+
+    def _forward(self, j: int, version: int, phase: str) -> Iterator[Action]:
+        # evaluations placed before this forward (see the class docstring)
+        while self.pending_evals and self.pending_evals[0][0] <= j:
+            _, t = self.pending_evals.pop(0)
+            yield Action(EVAL, -1, t, t + 1, SYNC)
+        self.next_f = j + 1
+        yield Action(FORWARD, j, j // self.m, version, phase)
+
+    def _update(self, step: int, phase: str, seg_end: int | None) -> Iterator[Action]:
+        self.updates += 1
+        yield Action(UPDATE, -1, step, step, phase)
+        if self.eval_at(step):
+            # the first stage's next forward after U(step): first(step+1) + w0 in a stream, or
+            # the segment's end if it comes first
+            nxt = (step + 1) * self.m + (self.p - 1 if phase == ASYNC else 0)
+            self.pending_evals.append((nxt if seg_end is None else min(nxt, seg_end), step))
+
+    def _sync_step(self, t: int) -> Iterator[Action]:
+        a, m = t * self.m, self.m
+        mbs = range(a, a + m)
+        if self.spec.sync == "gpipe":
+            for j in mbs:
+                yield from self._forward(j, t, SYNC)
+            for j in mbs:
+                yield Action(BACKWARD, j, t, t, SYNC)
+        else:
+            w = min(self.p - self.s - 1, m)
+            for j in range(a, a + w):
+                yield from self._forward(j, t, SYNC)
+            for i in range(m - w):
+                yield from self._forward(a + w + i, t, SYNC)
+                yield Action(BACKWARD, a + i, t, t, SYNC)
+            for j in range(a + m - w, a + m):
+                yield Action(BACKWARD, j, t, t, SYNC)
+        yield from self._update(t, SYNC, (t + 1) * m)
+
+    def _in_segment(self, j: int) -> bool:
+        return self.plan.phase(j // self.m) == ASYNC
+
+    def _async_segment(self, t0: int) -> Iterator[Action]:
+        """A 1F1B stream over consecutive async steps from ``t0``; returns the step after it."""
+        m, w = self.m, self.p - self.s - 1
+        a = t0 * m
+        fwd_version: dict[int, int] = {}
+        end: int | None = None  # first microbatch beyond the segment, once known
+
+        def f_version(j: int) -> int:
+            rule = self.spec.weights
+            if rule == "vertical":
+                return max(t0, (j - self.p + 1) // m)
+            if rule == "2bw":
+                v = max(t0, j // m - 1)
+                if v > self.updates:  # ScheduleSpec.check rejects the configurations where this happens
+                    raise ScheduleError(f"2bw: stage {self.s} needs version {v} before it exists")
+                return v
+            return self.updates  # stash, latest: the stage's latest weights
+
+        def forward(j: int) -> Iterator[Action]:
+            fwd_version[j] = f_version(j)
+            yield from self._forward(j, fwd_version[j], ASYNC)
+
+        def backward(j: int) -> Iterator[Action]:
+            v = self.updates if self.spec.weights == "latest" else fwd_version[j]
+            del fwd_version[j]
+            yield Action(BACKWARD, j, j // m, v, ASYNC)
+            if (j + 1) % m == 0:
+                yield from self._update(j // m, ASYNC, end)
+
+        j = a
+        while j < a + w and self._in_segment(j):
+            yield from forward(j)
+            j += 1
+        i = a
+        if j == a + w:  # warm-up complete: steady state
+            while self._in_segment(a + w + (i - a)):
+                yield from forward(a + w + (i - a))
+                yield from backward(i)
+                i += 1
+        # the first microbatch of a non-async step ends the segment, so it is a step boundary
+        end = j if j < a + w else a + w + (i - a)
+        # evaluations waiting for the first stage's next forward: it is at most the segment's end
+        self.pending_evals = [(min(k, end), t) for k, t in self.pending_evals]
+        while i < end:
+            yield from backward(i)
+            i += 1
+        return end // m

@@ -1,0 +1,125 @@
+"""Pipeline time: a discrete-event model of p devices executing the stages' action lists.
+
+An action starts when its stage is free and its input has arrived, and lasts its cost:
+
+- ``F(j)`` at stage s > 0 waits for ``F(j)`` at s-1 plus the link time of one activation;
+- ``B(j)`` at stage s < p-1 waits for ``B(j)`` at s+1 plus the link time of one gradient;
+- a synchronous ``U(t)`` is a collective (global gradient norm): it starts when every stage has
+  arrived at it.
+
+The local runtime feeds this clock with measured (or profiled) costs, so its ``time_s`` is the
+time a pipeline of p devices, each as fast as this machine's core, would have taken. The simulator
+feeds it with a cost profile and no computation. Both give the same times for the same lists and
+costs, whatever order the actions are processed in (an action's times depend only on its
+predecessors).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action
+
+
+@dataclass
+class CostProfile:
+    """Per-stage seconds of one microbatch's forward and backward and of one update, and the bytes
+    of one microbatch's activation (its gradient has the same size)."""
+
+    forward: list[float]
+    backward: list[float]
+    update: list[float]
+    act_bytes: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def stages(self) -> int:
+        return len(self.forward)
+
+    @classmethod
+    def uniform(cls, stages: int, forward: float = 1.0, backward: float = 2.0, update: float = 0.0, act_bytes: float = 0.0) -> "CostProfile":
+        return cls([forward] * stages, [backward] * stages, [update] * stages, act_bytes)
+
+    def cost(self, stage: int, kind: str) -> float:
+        if kind == FORWARD:
+            return self.forward[stage]
+        if kind == BACKWARD:
+            return self.backward[stage]
+        if kind == UPDATE:
+            return self.update[stage]
+        return 0.0
+
+    def save(self, path: str | Path) -> None:
+        tmp = f"{path}.tmp{os.getpid()}"
+        Path(tmp).write_text(json.dumps(asdict(self), indent=2))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostProfile":
+        d = json.loads(Path(path).read_text())
+        return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}))
+
+
+@dataclass
+class LinkModel:
+    """Time to move ``n`` bytes between neighbouring stages: ``latency + n / bandwidth``
+    (bandwidth 0 means infinite)."""
+
+    latency: float = 0.0
+    bandwidth: float = 0.0
+
+    def time(self, nbytes: float) -> float:
+        return self.latency + (nbytes / self.bandwidth if self.bandwidth > 0 else 0.0)
+
+
+class PipelineClock:
+    """Start and end time of every action, from its cost and its dependencies."""
+
+    def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0):
+        self.p = stages
+        self.link_time = (link or LinkModel()).time(act_bytes)
+        self.free = [0.0] * stages
+        self.busy = [0.0] * stages
+        self._f_end: dict[tuple[int, int], float] = {}
+        self._b_end: dict[tuple[int, int], float] = {}
+        self._arrivals: dict[int, list[float]] = {}
+        self._u_left: dict[int, int] = {}
+        self.update_end: dict[int, float] = {}  # step -> end of its last stage's update
+
+    def arrive(self, stage: int, step: int) -> None:
+        """Stage ``stage`` has reached the synchronous update of ``step`` (now idle until all have)."""
+        self._arrivals.setdefault(step, []).append(self.free[stage])
+
+    def run(self, stage: int, a: Action, cost: float) -> tuple[float, float]:
+        """Place action ``a`` of ``stage`` lasting ``cost`` seconds; returns (start, end)."""
+        start = self.free[stage]
+        if a.kind == FORWARD and stage > 0:
+            start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
+        elif a.kind == BACKWARD and stage < self.p - 1:
+            start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
+        elif a.kind == UPDATE and a.phase == SYNC and self.p > 1:
+            start = max(start, max(self._arrivals[a.step]))
+        elif a.kind == EVAL:
+            return start, start  # evaluation is not on the training clock
+        end = start + cost
+        if a.kind == FORWARD and stage < self.p - 1:
+            self._f_end[(stage, a.mb)] = end
+        elif a.kind == BACKWARD and stage > 0:
+            self._b_end[(stage, a.mb)] = end
+        elif a.kind == UPDATE:
+            self.update_end[a.step] = max(self.update_end.get(a.step, 0.0), end)
+            left = self._u_left.get(a.step, self.p) - 1
+            if left:
+                self._u_left[a.step] = left
+            else:
+                self._u_left.pop(a.step, None)
+                self._arrivals.pop(a.step, None)
+        self.free[stage] = end
+        self.busy[stage] += cost
+        return start, end
+
+    def now(self) -> float:
+        return max(self.free)

@@ -1,0 +1,92 @@
+"""Turning a config into the pieces of a run: schedule spec and plan, heuristic, model stages,
+optimizers, update policy and batches. Shared by the training loop and the workers of the
+distributed runtime, so that every process builds the same thing."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
+from ..model import GPTConfig, build_stages, partition
+from ..schedules import ASYNC, SYNC, Plan, ScheduleSpec, lookahead
+from ..schedules.mitigations import UpdatePolicy
+from .optim import StageOptimizer
+
+
+@dataclass
+class ScheduleChoice:
+    spec: ScheduleSpec
+    phase: str | None  # the one phase of a plain schedule; None for adapipe
+
+
+def schedule_choice(cfg) -> ScheduleChoice:
+    s, p, m = cfg.schedule, cfg.pipeline.stages, cfg.pipeline.microbatches
+    name = s.name
+    if name in ("1f1b", "gpipe"):
+        return ScheduleChoice(ScheduleSpec(p, m, name, "stash"), SYNC)
+    if name == "pipedream":
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights), ASYNC)
+    if name == "2bw":
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw"), ASYNC)
+    weights = "2bw" if s["async"] == "2bw" else s.weights
+    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights), None)
+
+
+def model_config(cfg, vocab_size: int) -> GPTConfig:
+    m = cfg.model
+    return GPTConfig(vocab_size=m.vocab_size or vocab_size, block_size=m.block_size, n_layer=m.n_layer,
+                     n_head=m.n_head, d_model=m.d_model, d_ff=m.d_ff, dropout=m.dropout, bias=m.bias,
+                     tie_embeddings=m.tie_embeddings, init_std=m.init_std)
+
+
+def stage_bounds(cfg, gcfg: GPTConfig) -> list[tuple[int, int]]:
+    return partition(gcfg, cfg.pipeline.stages, cfg.pipeline.partition)
+
+
+def make_stages(cfg, gcfg: GPTConfig, which: list[int] | None = None):
+    """The stage modules (all, or only those in ``which``) and their optimizers."""
+    bounds = stage_bounds(cfg, gcfg)
+    stages = build_stages(gcfg, bounds, cfg.seed)
+    if which is not None:
+        stages = [stages[i] for i in which]
+    return stages, [StageOptimizer(list(st.named_parameters()), cfg.optim) for st in stages]
+
+
+def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
+    if choice.phase is not None:
+        return Constant(choice.phase, ctx)
+    return build_heuristic(cfg.heuristic, ctx)
+
+
+def make_policy(cfg, plan: Plan) -> UpdatePolicy:
+    return UpdatePolicy(cfg.optim, cfg.schedule, plan, cfg.train.max_steps)
+
+
+class Batches:
+    """``batch(step, i)``: microbatch ``i`` of step ``step``, rows ``i*b/m .. (i+1)*b/m`` of the
+    step's batch. Recent steps' batches are cached (the first stage reads inputs, the last
+    targets, each once per microbatch)."""
+
+    def __init__(self, data, batch_size: int, microbatches: int, keep: int = 8):
+        self.data, self.b, self.m = data, batch_size, microbatches
+        self.mb = batch_size // microbatches
+        self.keep = keep
+        self.cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def __call__(self, step: int, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xy = self.cache.get(step)
+        if xy is None:
+            xy = self.data.train_batch(step, self.b)
+            self.cache[step] = xy
+            if len(self.cache) > self.keep:
+                self.cache.popitem(last=False)
+        x, y = xy
+        return x[i * self.mb:(i + 1) * self.mb], y[i * self.mb:(i + 1) * self.mb]
+
+
+def decision_lag(cfg) -> int:
+    """The phase of step ``u`` is decided after step ``u - lag`` has been observed."""
+    return lookahead(cfg.pipeline.stages, cfg.pipeline.microbatches) + 1

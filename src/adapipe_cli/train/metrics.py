@@ -1,0 +1,75 @@
+"""What a run writes: metrics.jsonl (one record per step, evaluation and event), summary.json,
+and, with ``logger=wandb``, the same to Weights & Biases."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Write atomically: a reader never sees a half-written file."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    out = []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by a crash
+                continue
+    return out
+
+
+class RunLog:
+    """Appends records to ``metrics.jsonl`` and mirrors them to wandb when configured."""
+
+    def __init__(self, run_dir: Path, logger_cfg, config: dict):
+        self.dir = Path(run_dir)
+        self.path = self.dir / "metrics.jsonl"
+        self.records: list[dict] = []
+        self._f = open(self.path, "a", buffering=1)
+        self._wandb = None
+        if logger_cfg.name == "wandb":
+            import wandb
+
+            mode = logger_cfg.mode or os.environ.get("WANDB_MODE")
+            self._wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=logger_cfg.run_name,
+                                     mode=mode, dir=str(self.dir), config=config, reinit=True)
+        elif logger_cfg.name != "none":
+            raise ValueError(f"unknown logger {logger_cfg.name!r}: use none or wandb")
+
+    def write(self, rec: dict) -> None:
+        rec = {k: _clean(v) for k, v in rec.items()}
+        self.records.append(rec)
+        self._f.write(json.dumps(rec) + "\n")
+        if self._wandb is not None:
+            kind = rec.get("kind", "step")
+            data = {f"{kind}/{k}": v for k, v in rec.items() if isinstance(v, (int, float)) and k != "step"}
+            self._wandb.log(data, step=rec["step"])
+
+    def summary(self, data: dict) -> None:
+        data = {k: _clean(v) for k, v in data.items()}
+        write_json(self.dir / "summary.json", data)
+        if self._wandb is not None:
+            self._wandb.summary.update({k: v for k, v in data.items() if isinstance(v, (int, float, str, type(None)))})
+
+    def close(self) -> None:
+        self._f.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None

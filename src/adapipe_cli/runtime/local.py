@@ -54,6 +54,8 @@ class LocalRuntime:
         seed: int,
         tied: bool,
         order: str = "forward",
+        eval_at=None,
+        val_batches=None,
     ):
         self.p, self.m = spec.stages, spec.microbatches
         self.plan, self.spec = plan, spec
@@ -72,6 +74,31 @@ class LocalRuntime:
         self.lifo = order == "reverse"
         self.last_time = 0.0
         self.last_busy = 0.0
+        self.eval_at = eval_at or (lambda t: False)
+        self.val = val_batches or []
+        self._evals: list[tuple[int, float]] = []
+        if self.eval_at(-1):
+            self._evals.append((0, self.evaluate(self.val)))
+
+    # -- the interface the training loop drives (shared with the distributed runtime) ----------
+    backend = None
+    clock_name = "pipeline"
+
+    def decide(self, step: int, phase: str) -> None:
+        self.plan.decide(step, phase)
+
+    def evaluations(self) -> list[tuple[int, float]]:
+        """(version, mean validation loss) of the evaluations finished since the last call."""
+        out, self._evals = self._evals, []
+        return out
+
+    def evaluate_now(self, version: int) -> None:
+        """Evaluate the current weights (version ``version``) outside the eval schedule, e.g. when
+        a run stops early."""
+        self._evals.append((version, self.evaluate(self.val)))
+
+    def close(self) -> None:
+        pass
 
     # -- the walk ------------------------------------------------------------------------------
     def _ready(self, s: int, a: Action) -> bool:
@@ -106,6 +133,8 @@ class LocalRuntime:
         bubble = 1.0 - (busy - self.last_busy) / (self.p * span) if span > 0 else 0.0
         self.last_time, self.last_busy = now, busy
         last = stats[-1]
+        if self.eval_at(t):
+            self._evals.append((t + 1, self.evaluate(self.val)))
         return StepResult(
             step=t,
             phase=self.plan.phases[t],

@@ -88,5 +88,7 @@ class Batches:
 
 
 def decision_lag(cfg) -> int:
-    """The phase of step ``u`` is decided after step ``u - lag`` has been observed."""
-    return lookahead(cfg.pipeline.stages, cfg.pipeline.microbatches) + 1
+    """The phase of step ``u`` is decided after step ``u - lag`` has been observed. The pipeline
+    needs phases ``lookahead`` steps ahead; one more step of slack lets a distributed runtime
+    deliver each decision before the first stage needs it, without a stall."""
+    return lookahead(cfg.pipeline.stages, cfg.pipeline.microbatches) + 2

@@ -47,6 +47,13 @@ def method_label(cfg) -> str:
     return s.name
 
 
+def runtime_kind(cfg) -> str:
+    """``local`` or ``dist``: ``auto`` picks dist when there is a CUDA device for every stage."""
+    if cfg.pipeline.runtime != "auto":
+        return cfg.pipeline.runtime
+    return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.pipeline.stages else "local"
+
+
 class Trainer:
     def __init__(self, cfg, run_dir: Path):
         self.cfg, self.dir = cfg, Path(run_dir)
@@ -81,11 +88,21 @@ class Trainer:
         self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t)
         self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
         self.policy = build.make_policy(cfg, self.plan)
-        self.runtime = LocalRuntime(
+        self.val = self.data.val_batches(self.micro)
+        self.runtime = self._make_runtime()
+
+    def _make_runtime(self):
+        """The local runtime, or the distributed one (``pipeline.runtime=dist``, or ``auto`` with a
+        CUDA device for every stage)."""
+        cfg, p = self.cfg, self.cfg.pipeline
+        if runtime_kind(cfg) == "dist":
+            from ..runtime.dist import DistRuntime
+
+            return DistRuntime(self)
+        return LocalRuntime(
             self.stages, self.optimizers, self.choice.spec, self.plan, self.policy, self.batches,
             self.profile if p.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
-            cfg.model.tie_embeddings, p.order)
-        self.val = self.data.val_batches(self.micro)
+            cfg.model.tie_embeddings, p.order, self.eval_at, self.val)
         self.tokens_per_step = t.batch_size * cfg.model.block_size
 
     def _profile(self) -> CostProfile:
@@ -105,45 +122,54 @@ class Trainer:
         return prof
 
     # -- the loop ------------------------------------------------------------------------------
+    def eval_at(self, t: int) -> bool:
+        """Evaluate the weights after step ``t`` (t = -1: the initial weights)."""
+        n = self.cfg.train.max_steps
+        return t == -1 or (t + 1) % self.cfg.train.eval_every == 0 or t + 1 == n
+
     def run(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
         log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
-        first_line = (f"adapipe: runtime=local backend=none clock=pipeline ({cfg.pipeline.clock}) "
+        rt = self.runtime
+        first_line = (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
+                      f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
         print(first_line, file=sys.stderr)
         (self.dir / "run.log").write_text(first_line + "\n")
         wall0 = time.perf_counter()
         evals: list[dict] = []
+        step_time = {0: 0.0}  # version (updates applied) -> time_s at which it existed
         state = {"tokens": 0, "time_s": 0.0, "stopped": "max_steps", "steps": 0}
 
-        def evaluate(step: int, time_s: float) -> dict:
-            loss = self.runtime.evaluate(self.val)
-            rec = {"kind": "eval", "step": step, "val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
-                   "time_s": time_s, "wall_s": time.perf_counter() - wall0, "tokens": state["tokens"]}
-            log.write(rec)
-            evals.append(rec)
-            return rec
+        def collect() -> dict | None:
+            last = None
+            for version, loss in rt.evaluations():
+                last = {"kind": "eval", "step": version, "val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
+                        "time_s": step_time[version], "wall_s": time.perf_counter() - wall0,
+                        "tokens": version * self.tokens_per_step}
+                log.write(last)
+                evals.append(last)
+            return last
 
         for u in range(min(self.lag, t.max_steps)):
             self._decide(u, log)
-        evaluate(0, 0.0)
         progress = Progress(t.max_steps, t.progress)
         try:
+            collect()
             for step in range(t.max_steps):
-                res = self.runtime.run_step(step)
+                res = rt.run_step(step)
                 if not math.isfinite(res.loss):
                     raise TrainingDiverged(
                         f"training diverged at step {step} (loss {res.loss}): lower optim.lr or schedule.async_lr_scale")
                 prev = state["time_s"]
                 state.update(tokens=state["tokens"] + self.tokens_per_step, time_s=res.time_s, steps=step + 1)
+                step_time[step + 1] = res.time_s
                 self.heuristic.observe(Observation(step, res.phase, res.loss, res.time_s, res.time_s - prev, res.staleness_mean))
                 if step + self.lag < t.max_steps:
                     self._decide(step + self.lag, log)
                 log.write(self._step_record(res, state["tokens"], time.perf_counter() - wall0))
-                ev = None
-                if (step + 1) % t.eval_every == 0 or step + 1 == t.max_steps:
-                    ev = evaluate(step + 1, res.time_s)
+                ev = collect()
                 progress.update(res, ev, state["tokens"] / res.time_s if res.time_s > 0 else 0.0)
                 if ev and t.stop_at_target and ev["val_ppl"] <= t.target_ppl:
                     state["stopped"] = "target"
@@ -152,12 +178,14 @@ class Trainer:
                     state["stopped"] = "max_time"
                     break
             if evals[-1]["step"] != state["steps"]:
-                evaluate(state["steps"], state["time_s"])
+                self.runtime.evaluate_now(state["steps"])
+                collect()
             progress.close()
             summary = self._summary(log.records, evals, state, time.perf_counter() - wall0)
             log.summary(summary)
         finally:
             progress.close()
+            rt.close()
             log.close()
         self._plots(log.records)
         return summary
@@ -165,7 +193,7 @@ class Trainer:
     def _decide(self, u: int, log: RunLog) -> None:
         d = self.heuristic.decide(u)
         prev = self.plan.phases[u - 1] if u > 0 else None
-        self.plan.decide(u, d.phase)
+        self.runtime.decide(u, d.phase)
         if prev is not None and d.phase != prev:
             log.write({"kind": "event", "event": "switch", "step": u, "from": prev, "to": d.phase,
                        "reason": d.reason, "decided_after_step": u - self.lag, **d.info})
@@ -191,7 +219,8 @@ class Trainer:
         return {
             "method": method_label(cfg), "schedule": cfg.schedule.name,
             "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
-            "runtime": "local", "backend": None, "clock": "pipeline", "clock_mode": cfg.pipeline.clock,
+            "runtime": self.runtime.name, "backend": self.runtime.backend, "clock": self.runtime.clock_name,
+            "clock_mode": cfg.pipeline.clock if self.runtime.clock_name == "pipeline" else "wall",
             "model": cfg.model.name, "data": cfg.data.name, "optimizer": cfg.optim.name,
             "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches,
             "batch_size": t.batch_size, "seq_len": cfg.model.block_size, "seed": cfg.seed,
@@ -213,9 +242,10 @@ class Trainer:
 
     def _plots(self, records: list[dict]) -> None:
         title = f"{method_label(self.cfg)}, p={self.cfg.pipeline.stages}, m={self.cfg.pipeline.microbatches}"
-        plot_curves(records, self.dir / "curves.png", self.cfg.train.target_ppl, "pipeline", title)
+        clock = self.runtime.clock_name
+        plot_curves(records, self.dir / "curves.png", self.cfg.train.target_ppl, clock, title)
         if self.cfg.schedule.name == "adapipe" or any(r.get("event") == "switch" for r in records):
-            plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, "pipeline", title)
+            plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, clock, title)
 
 
 def train(cfg, run_dir: Path) -> dict:

@@ -89,6 +89,7 @@ class Trainer:
         self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
         self.policy = build.make_policy(cfg, self.plan)
         self.val = self.data.val_batches(self.micro)
+        self.tokens_per_step = t.batch_size * cfg.model.block_size
         self.runtime = self._make_runtime()
 
     def _make_runtime(self):
@@ -103,7 +104,6 @@ class Trainer:
             self.stages, self.optimizers, self.choice.spec, self.plan, self.policy, self.batches,
             self.profile if p.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
             cfg.model.tie_embeddings, p.order, self.eval_at, self.val)
-        self.tokens_per_step = t.batch_size * cfg.model.block_size
 
     def _profile(self) -> CostProfile:
         p = self.cfg.pipeline

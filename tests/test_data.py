@@ -19,7 +19,9 @@ from adapipe_cli.data import DataError, MarkovSource, build_data, cache, corpus
 from adapipe_cli.data.synthetic import stationary_distribution
 from adapipe_cli.data.text import split_tail
 
-SHARED = Path("/work/shared/data")
+from conftest import shared_data_dir  # noqa: E402
+
+SHARED = shared_data_dir()
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"
 WIKI = SHARED / "wikitext-2-raw"
 CONF = Path(__file__).resolve().parents[1] / "conf" / "data"

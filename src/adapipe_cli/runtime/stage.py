@@ -86,7 +86,8 @@ class StageExecutor:
         self.peak_inflight = 0
         self.peak_versions = 1
         self.dropout = module.cfg.dropout > 0
-        self._posted: set[tuple] = set()  # synchronous updates whose collectives were posted
+        self._posted: set[tuple] = set()  # collectives of synchronous updates already posted
+        self._norms: dict[int, torch.Tensor] = {}  # step -> global squared gradient norm
         self.val: list[tuple[torch.Tensor, torch.Tensor]] = []  # validation batches for E actions
 
     def _tied_index(self) -> int:
@@ -105,10 +106,7 @@ class StageExecutor:
         if a.kind == EVAL:
             return self.first or t.ready("eval", self.s - 1, self.s, (a.version, 0))
         if a.phase == SYNC:
-            key = ("norm", a.step)
-            if key not in self._posted:
-                self._post_update_collectives(a.step)
-            return t.reduce_ready(key, self._all) and (not self.tied or t.reduce_ready(("tied", a.step), self._ends))
+            return self._sync_norm(a.step) is not None
         return True
 
     @property
@@ -119,12 +117,33 @@ class StageExecutor:
     def _ends(self) -> tuple[int, ...]:
         return (0, self.p - 1)
 
-    def _post_update_collectives(self, step: int) -> None:
-        g = self.grads[step]
-        self.transport.post_reduce(("norm", step), self.s, self._all, [self._sq_norm(g)])
-        if self.tied:
-            self.transport.post_reduce(("tied", step), self.s, self._ends, [g[self.tied_index]])
-        self._posted.add(("norm", step))
+    def _sync_norm(self, step: int) -> torch.Tensor | None:
+        """The squared norm of step ``step``'s gradient over all stages, or None while other stages'
+        shares are missing (the local runtime polls; a distributed transport blocks instead).
+        With tied embeddings the first and last stage first sum their copies' gradients; the
+        tied matrix then counts once in the norm, as in the unpartitioned model."""
+        if step in self._norms:
+            return self._norms[step]
+        t, g, state = self.transport, self.grads[step], self._posted
+        if self.tied and ("tied-done", step) not in state:
+            if ("tied", step) not in state:
+                t.post_reduce(("tied", step), self.s, self._ends, [g[self.tied_index]])
+                state.add(("tied", step))
+            if not t.reduce_ready(("tied", step), self._ends):
+                return None
+            (g[self.tied_index],) = t.reduce(("tied", step), self.s, self._ends, [g[self.tied_index]])
+            state.add(("tied-done", step))
+        share = [x for i, x in enumerate(g) if not (self.tied and self.last and i == self.tied_index)]
+        if ("norm", step) not in state:
+            t.post_reduce(("norm", step), self.s, self._all, [self._sq_norm(share)])
+            state.add(("norm", step))
+        if not t.reduce_ready(("norm", step), self._all):
+            return None
+        (sq,) = t.reduce(("norm", step), self.s, self._all, [self._sq_norm(share)])
+        for key in (("tied", step), ("tied-done", step), ("norm", step)):
+            state.discard(key)
+        self._norms[step] = sq
+        return sq
 
     # -- execution -----------------------------------------------------------------------------
     def run(self, a: Action) -> None:
@@ -218,15 +237,13 @@ class StageExecutor:
         clips exactly as one process would. Async stages update at different times, so each clips
         its own gradient to ``grad_clip / sqrt(p)`` (which bounds the norm over all stages by
         ``grad_clip``)."""
-        grads = self.grads.pop(a.step)
         st = self.stats.setdefault(a.step, StepStats())
         if a.phase == SYNC:
-            if self.tied:
-                (grads[self.tied_index],) = self.transport.reduce(("tied", a.step), self.s, self._ends, [grads[self.tied_index]])
-            (sq,) = self.transport.reduce(("norm", a.step), self.s, self._all, [self._sq_norm(grads)])
-            self._posted.discard(("norm", a.step))
+            sq = self._sync_norm(a.step)  # sums tied gradients first
+            del self._norms[a.step]
             clip = self.grad_clip
-        else:
+        grads = self.grads.pop(a.step)
+        if a.phase != SYNC:
             sq = self._sq_norm(grads)
             clip = self.grad_clip / math.sqrt(self.p)
         norm = float(sq.sqrt())

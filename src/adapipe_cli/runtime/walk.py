@@ -29,22 +29,30 @@ def walk(
     """
     queue = deque(s for s in stages if not done(s))
     queued = set(queue)
-    while queue:
-        s = queue.pop() if lifo else queue.popleft()
-        queued.discard(s)
-        prog = programs[s]
-        while not done(s):
-            a = prog.peek()
-            if a is None:
-                raise Deadlock(f"stage {s} ran out of actions before finishing")
-            if not ready(s, a):
-                break
-            prog.pop()
-            for w in execute(s, a):
-                if w not in queued and not done(w):
-                    queued.add(w)
-                    queue.append(w)
-    stuck = [s for s in stages if not done(s)]
-    if stuck:
-        waits = ", ".join(f"stage {s} at {programs[s].peek()}" for s in stuck)
-        raise Deadlock(f"pipeline deadlock: {waits}")
+    while True:
+        progress = False
+        while queue:
+            s = queue.pop() if lifo else queue.popleft()
+            queued.discard(s)
+            prog = programs[s]
+            while not done(s):
+                a = prog.peek()
+                if a is None:
+                    raise Deadlock(f"stage {s} ran out of actions before finishing")
+                if not ready(s, a):
+                    break
+                prog.pop()
+                progress = True
+                for w in execute(s, a):
+                    if w not in queued and not done(w):
+                        queued.add(w)
+                        queue.append(w)
+        stuck = [s for s in stages if not done(s)]
+        if not stuck:
+            return
+        if not progress:
+            waits = ", ".join(f"stage {s} at {programs[s].peek()}" for s in stuck)
+            raise Deadlock(f"pipeline deadlock: {waits}")
+        # a readiness check may have posted a share of a collective that others wait for: poll again
+        queue.extend(stuck)
+        queued.update(stuck)

@@ -1,0 +1,48 @@
+"""Shared test set-up: offline, no wandb, tiny configs composed through Hydra's compose API."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+# A model and data small enough that a step takes milliseconds.
+TINY = [
+    "model.n_layer=4", "model.d_model=32", "model.n_head=2", "model.block_size=16",
+    "data.vocab_size=64", "data.eval_tokens=256",
+    "train.batch_size=8", "train.max_steps=12", "train.eval_every=4", "train.progress=off",
+    "pipeline.profile_reps=1", "pipeline.threads=1", "optim.warmup_steps=2",
+]
+
+
+@pytest.fixture
+def make_cfg():
+    """``make_cfg(*overrides)``: the composed config of a tiny run with these overrides."""
+    from adapipe_cli.cli.compose import compose_config
+
+    def make(*overrides: str):
+        return compose_config([*TINY, *overrides])
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ADAPIPE_CACHE", str(tmp_path_factory.getbasetemp() / "adapipe-cache"))
+
+
+def shared_data_dir():
+    """The read-only real text beside the project (../shared/data), or $ADAPIPE_SHARED_DATA."""
+    from pathlib import Path
+
+    candidates = [os.environ.get("ADAPIPE_SHARED_DATA"), Path(__file__).resolve().parents[2] / "shared" / "data",
+                  "/work/shared/data"]
+    for c in candidates:
+        if c and Path(c).is_dir():
+            return Path(c)
+    return Path(__file__).resolve().parents[2] / "shared" / "data"

@@ -1,0 +1,189 @@
+"""The local runtime against small, obvious reference loops: the exactness the engine promises."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from adapipe_cli.model import GPTConfig, build_full_model, build_stages, lm_loss, partition
+from adapipe_cli.schedules import ASYNC, SYNC
+from adapipe_cli.train.optim import StageOptimizer, lr_factor
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses
+
+STEPS = 6
+
+
+def reference_sync(data, m, clip, gcfg=GCFG, steps=STEPS):
+    """Single-process training with gradient accumulation: W(t+1) = opt(W(t), mean_i grad_i)."""
+    model = build_full_model(gcfg, seed=0)
+    named = list(model.named_parameters())
+    opt = StageOptimizer(named, optim_cfg(grad_clip=clip))
+    losses = []
+    for t in range(steps):
+        x, y = data[t]
+        mb = B // m
+        total = 0.0
+        for i in range(m):
+            loss = lm_loss(model(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb])
+            (loss / m).backward()
+            total += loss.item()
+        if clip:
+            torch.nn.utils.clip_grad_norm_([p for _, p in named], clip)
+        opt.step(lr_factor(t, 2, steps, 0.1))
+        losses.append(total / m)
+    return losses
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 2, 4])
+@pytest.mark.parametrize("sync", ["1f1b", "gpipe"])
+def test_sync_equals_single_process_gradient_accumulation(p, m, sync):
+    data = make_data(STEPS)
+    ref = reference_sync(data, m, clip=1.0)
+    got = run_losses(local_runtime(p, m, [SYNC] * STEPS, data, sync=sync, clip=1.0), STEPS)
+    assert rel_close(got, ref, 1e-5), (got, ref)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_tied_embeddings_sum_the_two_copies_gradients(p):
+    gcfg = GPTConfig(**{**GCFG.__dict__, "tie_embeddings": True})
+    data = make_data(STEPS)
+    ref = reference_sync(data, 2, clip=1.0, gcfg=gcfg)
+    rt = local_runtime(p, 2, [SYNC] * STEPS, data, gcfg=gcfg, clip=1.0)
+    got = run_losses(rt, STEPS)
+    assert rel_close(got, ref, 1e-5), (got, ref)
+    first, last = rt.executors[0].module, rt.executors[-1].module
+    assert torch.allclose(first.embed.wte.weight, last.head.lm_head.weight, atol=1e-6)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_async_with_one_stage_equals_sync(m):
+    data = make_data(STEPS)
+    sync = run_losses(local_runtime(1, m, [SYNC] * STEPS, data), STEPS)
+    for weights in ("stash", "latest", "vertical"):
+        assert run_losses(local_runtime(1, m, [ASYNC] * STEPS, data, weights=weights), STEPS) == sync
+
+
+def reference_2bw(data, m, steps=STEPS):
+    """The unpartitioned model with W(t+1) = opt(W(t), grad at W(t-1)), W(-1) = W(0)."""
+    model = build_full_model(GCFG, seed=0)
+    named = list(model.named_parameters())
+    opt = StageOptimizer(named, optim_cfg(grad_clip=0.0))
+    names = [n for n, _ in named]
+    previous = [p.detach().clone() for _, p in named]  # W(t-1)
+    losses = []
+    for t in range(steps):
+        x, y = data[t]
+        mb = B // m
+        w = [v.clone().requires_grad_(True) for v in previous]
+        grads = [torch.zeros_like(v) for v in w]
+        total = 0.0
+        for i in range(m):
+            loss = lm_loss(functional_call(model, dict(zip(names, w)), (x[i * mb:(i + 1) * mb],)), y[i * mb:(i + 1) * mb])
+            for g, gi in zip(grads, torch.autograd.grad(loss / m, w)):
+                g.add_(gi)
+            total += loss.item()
+        current = [p.detach().clone() for _, p in named]  # W(t), the delayed gradient lands here
+        for (_, p), g in zip(named, grads):
+            p.grad = g
+        opt.step(lr_factor(t, 2, steps, 0.1))
+        previous = current
+        losses.append(total / m)
+    return losses
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 2), (4, 3), (4, 4)])
+def test_2bw_matches_the_delayed_gradient_loop(p, m):
+    data = make_data(STEPS)
+    ref = reference_2bw(data, m)
+    got = run_losses(local_runtime(p, m, [ASYNC] * STEPS, data, weights="2bw", clip=0.0), STEPS)
+    assert rel_close(got, ref, 1e-5), (got, ref)
+
+
+def reference_pipedream(data, p, m, clip, steps=STEPS):
+    """Per stage, the version each microbatch's forward used, from a table of weight versions:
+    stage s forwards microbatch j with its latest weights, which in a 1F1B stream of p stages are
+    version max(0, floor((j - (p - s - 1)) / m)); gradients are taken at those versions and applied,
+    per stage, at the end of each step (each stage clipping its own norm to clip / sqrt(p))."""
+    stages = build_stages(GCFG, partition(GCFG, p), seed=0)
+    named = [list(st.named_parameters()) for st in stages]
+    opts = [StageOptimizer(n, optim_cfg(grad_clip=clip)) for n in named]
+    versions = [[[q.detach().clone() for _, q in n]] for n in named]  # versions[s][v]
+    losses = []
+    for t in range(steps):
+        x, y = data[t]
+        mb = B // m
+        grads = [[torch.zeros_like(q) for _, q in n] for n in named]
+        total = 0.0
+        for i in range(m):
+            j = t * m + i
+            ws = [[q.clone().requires_grad_(True) for q in versions[s][max(0, (j - (p - s - 1)) // m)]] for s in range(p)]
+            h = x[i * mb:(i + 1) * mb]
+            for s, st in enumerate(stages):
+                h = functional_call(st, {nm: w for (nm, _), w in zip(named[s], ws[s])}, (h,))
+            loss = lm_loss(h, y[i * mb:(i + 1) * mb])
+            gs = torch.autograd.grad(loss / m, [w for s in range(p) for w in ws[s]])
+            k = 0
+            for s in range(p):
+                for g in grads[s]:
+                    g.add_(gs[k])
+                    k += 1
+            total += loss.item()
+        for s in range(p):
+            norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads[s]))
+            coef = min(1.0, clip / math.sqrt(p) / (norm + 1e-6)) if clip else 1.0
+            for (_, q), g in zip(named[s], grads[s]):
+                q.grad = g * coef
+            opts[s].step(lr_factor(t, 2, steps, 0.1))
+            versions[s].append([q.detach().clone() for _, q in named[s]])
+        losses.append(total / m)
+    return losses
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 1), (4, 2), (3, 4)])
+def test_pipedream_stash_matches_the_version_table(p, m):
+    data = make_data(STEPS)
+    ref = reference_pipedream(data, p, m, clip=1.0)
+    got = run_losses(local_runtime(p, m, [ASYNC] * STEPS, data, clip=1.0), STEPS)
+    assert rel_close(got, ref, 1e-5), (got, ref)
+
+
+@pytest.mark.parametrize("weights", ["stash", "latest", "vertical", "2bw"])
+def test_numbers_do_not_depend_on_the_interleaving(weights):
+    phases = [SYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC, ASYNC, ASYNC]
+    data = make_data(len(phases))
+    a = local_runtime(4, 3, phases, data, weights=weights, order="forward")
+    b = local_runtime(4, 3, phases, data, weights=weights, order="reverse")
+    assert run_losses(a, len(phases)) == run_losses(b, len(phases))
+    for ea, eb in zip(a.executors, b.executors):
+        assert all(torch.equal(x, y) for x, y in zip(ea.params, eb.params))
+
+
+def test_pipeline_clock_is_the_simulators_time():
+    """The local runtime's time_s is the simulated pipeline time of the same lists and costs."""
+    from adapipe_cli.schedules import Plan, ScheduleSpec
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.simulator.simulate import simulate
+
+    phases = [SYNC, SYNC, ASYNC, ASYNC, ASYNC, SYNC]
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.1])
+    rt = local_runtime(3, 2, phases, make_data(len(phases)), profile=prof)
+    times = [rt.run_step(t).time_s for t in range(len(phases))]
+    sim = simulate(ScheduleSpec(3, 2), Plan(len(phases), phases), prof)
+    assert times == pytest.approx(sim.update_end, rel=1e-12)
+
+
+@pytest.mark.parametrize("mitigation", [["lr_reschedule"], ["predict"], ["nesterov"], ["lr_reschedule", "predict"]])
+def test_mitigations_train(mitigation):
+    from helpers import sched_cfg
+
+    steps = 30
+    data = make_data(1, seed=5) * steps  # one batch, repeated: its loss must fall
+    rt = local_runtime(4, 2, [ASYNC] * steps, data, scfg=sched_cfg(mitigation=mitigation))
+    losses = run_losses(rt, steps)
+    plain = run_losses(local_runtime(4, 2, [ASYNC] * steps, data), steps)
+    assert losses[-1] < 0.9 * losses[0]
+    assert losses != plain  # the mitigation changed the updates

@@ -30,7 +30,15 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run a command; returns its exit status (errors were reported in one line on stderr)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        return _dispatch(argv)
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0

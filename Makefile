@@ -1,0 +1,39 @@
+# adapipe: `make train` and `make test` set everything up themselves (a virtual environment in
+# .venv with the package installed). An installed torch is reused: the venv sees the system's
+# site-packages, and torch is installed only when none can be imported.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch to install when none is importable; 2.13.0 is a CPU build on the machines this project
+# is developed on (use TORCH=torch for your platform's default build)
+TORCH ?= torch==2.13.0
+OFFLINE := HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+ARGS ?=
+
+.PHONY: install train test test-all bench reproduce-smoke reproduce clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+train: install
+	$(VENV)/bin/adapipe train $(ARGS)
+
+test: install
+	$(OFFLINE) $(PY) -m pytest
+
+test-all: install
+	$(OFFLINE) $(PY) -m pytest -m "slow or not slow"
+
+bench: install
+	$(OFFLINE) $(PY) scripts/bench_train.py
+	$(OFFLINE) $(PY) scripts/bench_local.py
+	$(OFFLINE) $(PY) scripts/bench_sim.py
+
+clean:
+	rm -rf build dist src/*.egg-info .pytest_cache $(VENV)
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,140 @@
+"""``adapipe train`` end to end: outputs, learning, determinism, the console script, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from adapipe_cli.cli.main import main
+from adapipe_cli.train.loop import train
+from conftest import TINY
+
+STEP_KEYS = {"step", "phase", "loss", "lr", "tokens", "time_s", "wall_s", "staleness", "bubble"}
+EVAL_KEYS = {"step", "val_loss", "val_ppl", "time_s", "wall_s"}
+SUMMARY_KEYS = {"final_val_ppl", "best_val_ppl", "target_ppl", "time_to_target_s", "steps", "tokens",
+                "tokens_per_s", "time_s", "wall_s", "clock"}
+
+
+def read(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
+    cfg = make_cfg("train.max_steps=40", "train.eval_every=10", "optim.lr=3e-3", "pipeline.stages=2",
+                   "pipeline.microbatches=2")
+    summary = train(cfg, tmp_path)
+    recs = read(tmp_path)
+    steps = [r for r in recs if r["kind"] == "step"]
+    evals = [r for r in recs if r["kind"] == "eval"]
+    assert len(steps) == 40 and all(STEP_KEYS <= r.keys() for r in steps)
+    assert [r["step"] for r in evals] == [0, 10, 20, 30, 40] and all(EVAL_KEYS <= r.keys() for r in evals)
+    assert evals[-1]["val_ppl"] < 0.5 * evals[0]["val_ppl"]
+    assert SUMMARY_KEYS <= summary.keys()
+    assert summary == json.loads((tmp_path / "summary.json").read_text())
+    assert summary["clock"] == "pipeline" and summary["tokens"] == 40 * 8 * 16
+    assert summary["steps"] == 40 and summary["final_val_ppl"] == evals[-1]["val_ppl"]
+    assert summary["min_ppl"] > 1
+    for f in ("curves.png", "profile.json", "metrics.jsonl"):
+        assert (tmp_path / f).stat().st_size > 0
+    times = [r["time_s"] for r in steps]
+    assert all(b > a for a, b in zip(times, times[1:]))  # the pipeline clock moves forward
+
+
+def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
+    a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
+    b_cfg = make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream",
+                     f"pipeline.profile={tmp_path / 'a' / 'profile.json'}")
+    b = train(b_cfg, tmp_path / "b")
+
+    def strip(recs):
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
+
+    assert strip(read(tmp_path / "a")) == strip(read(tmp_path / "b"))
+    assert a["time_s"] == b["time_s"]
+    c = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", "seed=1"), tmp_path / "c")
+    assert c["final_val_loss"] != a["final_val_loss"]
+
+
+def test_target_and_stop_at_target(make_cfg, tmp_path):
+    cfg = make_cfg("train.max_steps=60", "train.eval_every=5", "optim.lr=3e-3", "train.target_ppl=40",
+                   "train.stop_at_target=true")
+    s = train(cfg, tmp_path)
+    assert s["time_to_target_s"] is not None and s["stopped"] == "target"
+    assert s["steps"] == s["step_to_target"] < 60
+    evals = [r for r in read(tmp_path) if r["kind"] == "eval"]
+    first = next(r for r in evals if r["val_ppl"] <= 40)
+    assert s["time_to_target_s"] == first["time_s"]
+
+
+def run_cli(*args, cwd=None):
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    return subprocess.run([exe, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
+def test_console_script_runs_and_prints_where_results_are(tmp_path):
+    out = tmp_path / "run"
+    r = run_cli("train", *TINY, "train.max_steps=4", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"results: {out}" in r.stdout
+    assert (out / "summary.json").is_file() and (out / "curves.png").is_file()
+    assert "runtime=local" in r.stderr.splitlines()[0]
+
+
+def test_help_lists_commands_and_groups(capsys):
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert all(c in text for c in ("train", "simulate", "sweep", "report"))
+    r = run_cli("train", "--help")
+    assert r.returncode == 0 and "schedule:" in r.stdout and "heuristic:" in r.stdout
+
+
+BAD = [
+    (["pipeline.stagez=4"], "unknown config key 'pipeline.stagez'"),
+    (["schedule=1f1bb"], "unknown schedule '1f1bb'"),
+    (["heuristic=nope"], "unknown heuristic 'nope'"),
+    (["pipeline.stages=four"], "pipeline.stages"),
+    (["pipeline.stages=0"], "pipeline.stages must be at least 1"),
+    (["pipeline.stages=5"], "more than the 4 blocks"),
+    (["train.batch_size=10", "pipeline.microbatches=4"], "not divisible"),
+    (["optim.lr=0"], "optim.lr must be positive"),
+    (["optim.lr=-1e-3"], "optim.lr must be positive"),
+    (["train.max_steps=0"], "train.max_steps must be positive"),
+    (["train.target_ppl=1"], "target_ppl must be greater than 1"),
+    (["schedule.name=zigzag"], "unknown schedule 'zigzag'"),
+    (["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs pipeline.microbatches"),
+    (["schedule=pipedream", "schedule.weights=fresh"], "schedule.weights"),
+    (["schedule=pipedream", "schedule.mitigation=[magic]"], "unknown mitigation 'magic'"),
+    (["pipeline.profile=/nonexistent/profile.json"], "does not exist"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[b[1][:30] for b in BAD])
+def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
+    assert main(["train", *TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+    assert not (tmp_path / "run").exists()  # rejected before anything is written
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "tiny"])
+def test_bad_data_files(case, capsys, tmp_path):
+    path = tmp_path / "train.txt"
+    if case == "empty":
+        path.write_text("")
+    elif case == "tiny":
+        path.write_text("to be or not")
+    assert main(["train", *TINY, "data=text", f"data.train={path}", "data.vocab_size=300",
+                 f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data" in err[0], err
+
+
+def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
+    r = run_cli("train", "pipeline.stages=0", f"hydra.run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -100,13 +100,14 @@ class HeuristicConfig:
     name: str = "fixed"
     # fixed: [[phase, steps], ...]; steps null means until the end
     plan: List[Any] = field(default_factory=lambda: [["sync", None]])
-    window: int = 20
-    probe_every: int = 100
-    probe_steps: int = 20
-    margin: float = 0.05
-    smoothing: float = 0.9
+    window: int = 30  # steps of the current phase compared with a probe (and the warm-up)
+    probe_every: int = 100  # steps between probes of the other phase
+    probe_steps: int = 20  # observed steps of a probe
+    backoff: int = 4  # a lost probe doubles the interval, up to backoff x probe_every
+    margin: float = 0.05  # relative gain a switch must promise beyond its cost
+    confidence: float = 2.0  # standard errors a difference must exceed to count
+    smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
     start: str = "sync"
-    min_phase_steps: int = 10
     # divergence guard
     guard: bool = True
     guard_factor: float = 2.0
@@ -190,3 +191,23 @@ def register_configs() -> None:
 
 def field_names(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
+
+
+@dataclass
+class SimulateConfig(Config):
+    """``adapipe simulate``: the training schema (same groups and overrides) plus the simulator's
+    own keys. Costs are per microbatch and stage, in seconds, used for every stage unless
+    ``pipeline.profile`` gives a measured profile.json."""
+
+    steps: int = 8  # optimizer steps to simulate
+    print: bool = False  # also print every stage's action list
+    forward: float = 1.0
+    backward: float = 2.0
+    update: float = 0.0
+    act_bytes: float = 0.0  # bytes of one microbatch's activation between stages (link model)
+
+
+def register_simulate_config() -> None:
+    """Register :class:`SimulateConfig` as ``base_simulate``, the schema of ``conf/simulate.yaml``."""
+    register_configs()
+    ConfigStore.instance().store(name="base_simulate", node=SimulateConfig)

@@ -11,6 +11,8 @@ from typing import Any
 
 
 def _clean(v: Any) -> Any:
+    if hasattr(v, "item") and not isinstance(v, (list, dict)):  # numpy and torch scalars
+        v = v.item()
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
@@ -42,7 +44,7 @@ class RunLog:
         self.dir = Path(run_dir)
         self.path = self.dir / "metrics.jsonl"
         self.records: list[dict] = []
-        self._f = open(self.path, "a", buffering=1)
+        self._f = open(self.path, "w", buffering=1)
         self._wandb = None
         if logger_cfg.name == "wandb":
             import wandb

@@ -1,0 +1,67 @@
+"""``heuristic=goodput``: run async while its goodput beats sync's, E x R > 1 + margin.
+
+- E, the statistical efficiency of async: progress per *step* in async relative to sync. Each
+  probe gives an estimate from the trend-corrected per-step slopes of a window holding both phases
+  (:mod:`.estimate` with one unit of x per step): ``E_hat = e_async / e_sync``. The running
+  estimate is updated after every probe, ``E <- (1 - beta) E + beta E_hat`` with
+  ``beta = 1 - heuristic.smoothing`` (the first probe sets it), so that E follows the slow drift
+  of training without jumping on one noisy probe.
+- R, the throughput ratio: sync step time / async step time. Deterministic on the pipeline clock:
+  the median observed step time of each phase in the window (transition steps excluded), and the
+  simulator's prediction for the same cost profile until both have been seen.
+
+Progress per second in async relative to sync is E x R. Async becomes current when
+E x R > 1 + margin, sync when E x R < 1 - margin (a dead band against flapping), and a probe whose
+E_hat is within ``confidence`` standard errors of the break-even 1/R leaves the current phase in
+place.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from .base import ASYNC, SYNC, Context, Observation
+from .estimate import fit_rates
+from .probing import Prober
+
+
+class Goodput(Prober):
+    name = "goodput"
+
+    def __init__(self, cfg, ctx: Context):
+        super().__init__(cfg, ctx)
+        self.E: float | None = None
+
+    def throughput_ratio(self, window: list[Observation]) -> float:
+        steady = [o for i, o in enumerate(window) if i > self.ctx.lookahead + 1 and
+                  all(w.phase == o.phase for w in window[max(0, i - self.ctx.lookahead - 1):i])]
+        t = {ph: [o.step_time for o in steady if o.phase == ph] for ph in (SYNC, ASYNC)}
+        sync_t = median(t[SYNC]) if t[SYNC] else self.ctx.sync_step_time
+        async_t = median(t[ASYNC]) if t[ASYNC] else self.ctx.async_step_time
+        return sync_t / async_t if async_t > 0 else 1.0
+
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict]:
+        c = self.cfg
+        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window))
+        R = self.throughput_ratio(window)
+        if rates is None or rates.sync <= 0:
+            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}
+        e_hat = rates.async_ / rates.sync
+        beta = 1.0 - c.smoothing
+        self.E = e_hat if self.E is None else (1 - beta) * self.E + beta * e_hat
+        goodput = self.E * R
+        # is the difference from break-even (async per-step progress = sync's / R) significant?
+        significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)
+        info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "significant": significant}
+        if significant and goodput > 1 + c.margin:
+            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin", info
+        if significant and goodput < 1 - c.margin:
+            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin", info
+        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "E": self.E}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.E = state.get("E")

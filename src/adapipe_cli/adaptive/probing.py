@@ -1,0 +1,88 @@
+"""Exploit one phase, probe the other now and then, and judge from a window that holds both.
+
+The common skeleton of ``rate`` and ``goodput``: after a warm-up of ``window`` steps in
+``heuristic.start``, run the *current* phase; every ``interval`` steps run the other phase for
+``probe_steps`` steps, return to the current phase for ``probe_steps`` more, and once those have
+been observed let ``judge`` (the heuristic's own rule) say which phase becomes current, from the
+window [``window`` steps before the probe, the probe, the steps after it]. The current phase on
+both sides of the probe pins down the common trend of the loss curve (interpolation rather than
+extrapolation), which keeps the comparison's standard errors honest; the price is one extra
+round trip when a probe wins. A probe that loses doubles the interval (up to ``backoff`` x
+``probe_every``), so a phase that dominates costs little probing; a switch resets it.
+
+Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``u - lag``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .base import ASYNC, SYNC, Context, Decision, Heuristic, Observation
+
+
+def other(phase: str) -> str:
+    return ASYNC if phase == SYNC else SYNC
+
+
+class Prober(Heuristic):
+    def __init__(self, cfg, ctx: Context):
+        super().__init__(cfg, ctx)
+        if cfg.start not in (SYNC, ASYNC):
+            raise ValueError(f"heuristic.start={cfg.start!r}: use sync or async")
+        self.current = cfg.start
+        self.mode = "warmup"
+        self.interval = cfg.probe_every
+        self.next_probe = cfg.window
+        self.probe_start = -1
+        self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 4 * ctx.lookahead + 16)
+        self.last_estimates: dict = {}
+
+    def observe(self, obs: Observation) -> None:
+        self.history.append(obs)
+
+    def observed_through(self) -> int:
+        return self.history[-1].step if self.history else -1
+
+    def decide(self, step: int) -> Decision:
+        c = self.cfg
+        probed = other(self.current)
+        if self.mode == "warmup":
+            if step < c.window:
+                return Decision(self.current, "warm-up")
+            self.mode = "exploit"
+        if self.mode == "exploit":
+            if step < self.next_probe:
+                return Decision(self.current, "exploit")
+            self.mode, self.probe_start = "probe", step
+        if self.mode == "probe":
+            if step < self.probe_start + c.probe_steps:
+                return Decision(probed, f"probe {probed} for {c.probe_steps} steps")
+            self.mode = "after"
+        # back in the current phase until the steps after the probe have been observed
+        if self.observed_through() < self.probe_start + 2 * c.probe_steps - 1:
+            return Decision(self.current, "after probe")
+        window = [o for o in self.history if o.step >= self.probe_start - c.window]
+        winner, reason, info = self.judge(window, self.current, probed)
+        self.last_estimates = info
+        if winner != self.current:
+            self.current, self.interval = winner, c.probe_every
+        else:
+            self.interval = min(2 * self.interval, c.backoff * c.probe_every)
+        self.mode, self.next_probe = "exploit", step + self.interval
+        return Decision(self.current, reason, info)
+
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict]:
+        """Which phase becomes current, why, and the estimates behind it."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"current": self.current, "mode": self.mode, "interval": self.interval, "next_probe": self.next_probe,
+                "probe_start": self.probe_start, "history": [o.__dict__ for o in self.history],
+                "last_estimates": self.last_estimates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.current, self.mode, self.interval = state["current"], state["mode"], state["interval"]
+        self.next_probe, self.probe_start = state["next_probe"], state["probe_start"]
+        self.history.clear()
+        self.history.extend(Observation(**o) for o in state["history"])
+        self.last_estimates = state.get("last_estimates", {})

@@ -26,7 +26,7 @@ def compose_or_fail(overrides: list[str], config_name: str = "config", check: bo
     try:
         cfg = compose_config(overrides, config_name)
     except Exception as e:  # Hydra and OmegaConf raise many kinds; each becomes one line
-        fail(hydra_message(e))
+        fail(hydra_message(e, "simulate" if config_name == "simulate" else "train"))
     if check:
         try:
             validate(cfg)

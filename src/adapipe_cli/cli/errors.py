@@ -19,20 +19,21 @@ def _chain(e: BaseException):
         e = e.__cause__ or e.__context__
 
 
-def hydra_message(e: BaseException) -> str:
+def hydra_message(e: BaseException, command: str = "train") -> str:
     """One line for a Hydra/OmegaConf composition error: which key or option, and what to do."""
     text = "\n".join(str(x) for x in _chain(e))
     m = re.search(r"Could not find '([\w/.-]+)/([^']+)'", text)
     if m:
         group, option = m.groups()
         avail = re.search(r"Available options in '[\w/]+':\s*((?:\n\s+\S+)+)", text)
-        opts = ", ".join(avail.group(1).split()) if avail else ""
+        # "base" is each group's schema node, not an option to choose
+        opts = ", ".join(o for o in avail.group(1).split() if o != "base") if avail else ""
         return f"unknown {group} '{option}'" + (f": choose one of {opts}" if opts else "")
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"Key '([^']+)' (?:is )?not in struct", text)
     if m:
         key = re.search(r"full_key: (\S+)", text)
         name = key.group(1) if key else m.group(1)
-        return f"unknown config key '{name}': check its spelling (adapipe train --help lists the groups and keys)"
+        return f"unknown config key '{name}': check its spelling (adapipe {command} --help lists the groups and keys)"
     m = re.search(r"Value '([^']*)'.*?could not be converted to (\w+)", text, re.S)
     if m:
         key = re.search(r"full_key: (\S+)", text)

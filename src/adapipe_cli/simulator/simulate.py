@@ -27,6 +27,7 @@ class SimResult:
     weight_versions: list[int]
     update_end: list[float]  # per step
     timeline: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)  # stage, kind, mb, step, start, end
+    steady: bool = True  # False: too few steps for a steady state, step_time is the whole run's mean
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
@@ -45,7 +46,8 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
     programs = [StageProgram(s, spec, plan) for s in range(p)]
     clock = PipelineClock(p, link, profile.act_bytes)
-    inflight: list[dict[int, int]] = [{} for _ in range(p)]
+    inflight: list[dict[int, int]] = [{} for _ in range(p)]  # mb -> version of its forward
+    in_use: list[dict[int, int]] = [{} for _ in range(p)]  # version -> in-flight microbatches using it
     live = [0] * p
     peak_act = [0] * p
     peak_ver = [1] * p
@@ -53,13 +55,16 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     f_done: set[tuple[int, int]] = set()
     b_done: set[tuple[int, int]] = set()
     timeline: list = []
+    costs = [{FORWARD: profile.forward[s], BACKWARD: profile.backward[s], UPDATE: profile.update[s], EVAL: 0.0}
+             for s in range(p)]
 
     def ready(s: int, a: Action) -> bool:
-        if a.kind == FORWARD:
+        kind = a.kind
+        if kind == FORWARD:
             return s == 0 or (s - 1, a.mb) in f_done
-        if a.kind == BACKWARD:
+        if kind == BACKWARD:
             return s == p - 1 or (s + 1, a.mb) in b_done
-        if a.kind == UPDATE and a.phase == SYNC:
+        if kind == UPDATE and a.phase == SYNC:
             waiting = arrived.setdefault(a.step, set())
             if s not in waiting:
                 waiting.add(s)
@@ -68,30 +73,38 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         return True
 
     def execute(s: int, a: Action) -> list[int]:
-        start, end = clock.run(s, a, profile.cost(s, a.kind))
-        if record and a.kind != EVAL:
-            timeline.append((s, a.kind, a.mb, a.step, start, end))
+        kind = a.kind
+        start, end = clock.run(s, a, costs[s][kind])
+        if record and kind != EVAL:
+            timeline.append((s, kind, a.mb, a.step, start, end))
         woken: list[int] = []
-        if a.kind == FORWARD:
+        uses = in_use[s]
+        if kind == FORWARD:
             inflight[s][a.mb] = a.version
+            uses[a.version] = uses.get(a.version, 0) + 1
+            if len(inflight[s]) > peak_act[s]:
+                peak_act[s] = len(inflight[s])
             f_done.discard((s - 1, a.mb))
             if s + 1 < p:
                 f_done.add((s, a.mb))
                 woken = [s + 1]
-        elif a.kind == BACKWARD:
-            inflight[s].pop(a.mb)
+        elif kind == BACKWARD:
+            v = inflight[s].pop(a.mb)
+            if uses[v] == 1:
+                del uses[v]
+            else:
+                uses[v] -= 1
             b_done.discard((s + 1, a.mb))
             if s > 0:
                 b_done.add((s, a.mb))
                 woken = [s - 1]
-        elif a.kind == UPDATE:
+        elif kind == UPDATE:
             live[s] += 1
             if a.phase == SYNC:
                 woken = list(range(p))
-        peak_act[s] = max(peak_act[s], len(inflight[s]))
-        floor = programs[s].floor_version()
-        held = {live[s], *inflight[s].values(), *range(min(floor, live[s]), live[s])}
-        peak_ver[s] = max(peak_ver[s], len(held))
+        held = _versions_held(uses, live[s], programs[s].floor_version())
+        if held > peak_ver[s]:
+            peak_ver[s] = held
         return woken
 
     walk(programs, range(p), lambda s: programs[s].peek() is None, ready, execute)
@@ -115,7 +128,24 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         weight_versions=peak_ver,
         update_end=ends,
         timeline=timeline,
+        steady=all(ph == SYNC for ph in plan.phases[:n]) or n >= min_steady_steps(p, spec.microbatches),
     )
+
+
+def _versions_held(uses: dict[int, int], live: int, floor: int) -> int:
+    """``len({live, *uses, *range(min(floor, live), live)})``: the live version, those of in-flight
+    microbatches and those that pending actions still need; counted without building the set (it
+    would cost O(p) per action at the first stage)."""
+    lo = min(floor, live)
+    if live - lo + 1 <= len(uses):
+        return len(uses) + sum(1 for v in range(lo, live + 1) if v not in uses)
+    return live - lo + 1 + sum(1 for v in uses if not lo <= v <= live)
+
+
+def min_steady_steps(stages: int, microbatches: int) -> int:
+    """Steps a run needs for its steady-state step time to leave out the fill and the drain:
+    ``2 * (lookahead(p, m) + 1) + 3`` (a run of flushed sync steps is steady from its first)."""
+    return 2 * (lookahead(stages, microbatches) + 1) + 3
 
 
 def _steady_step_time(ends: list[float], skip: int) -> float:

@@ -1,0 +1,246 @@
+"""``adapipe simulate``: time a schedule's action lists with the discrete-event simulator.
+
+Takes the same config groups as ``adapipe train`` (``conf/simulate.yaml``), so the same overrides
+work, plus the simulator's keys (``steps``, ``print``, uniform ``forward``/``backward``/``update``
+costs and ``act_bytes``). Prints step time, bubble fraction and utilisation and a per-stage table
+of peak activations and weight versions, and writes ``simulation.json`` and ``timeline.png`` to
+the Hydra run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .compose import HELP_FLAGS, compose_or_fail
+from .errors import fail
+
+SCHEDULES = ("1f1b", "gpipe", "pipedream", "2bw", "adapipe")
+ACTIONS_PRINTED = 256  # per stage, with print=true
+RECORD_LIMIT = 2_000_000  # actions: beyond this the timeline is not recorded (memory) nor drawn
+
+
+@dataclass
+class Setup:
+    spec: object  # ScheduleSpec
+    plan: object  # Plan
+    profile: object  # CostProfile
+    link: object  # LinkModel
+    source: str  # where the costs come from
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        fail(msg)
+
+
+def phases(cfg, steps: int) -> list[str]:
+    """The phase of every simulated step: one phase for a plain schedule; for ``schedule=adapipe``
+    the fixed heuristic's ``heuristic.plan`` ([[phase, steps], ...], null = the rest; the last
+    phase continues if the plan is shorter than ``steps``)."""
+    from ..train.build import schedule_choice
+
+    choice = schedule_choice(cfg)
+    if choice.phase is not None:
+        return [choice.phase] * steps
+    h = cfg.heuristic
+    _need(h.name == "fixed", f"adapipe simulate needs heuristic=fixed (heuristic={h.name} decides from training "
+                             f"measurements): give the phases as heuristic.plan=[[sync,4],[async,null]]")
+    _need(len(h.plan) > 0, "heuristic.plan is empty: give e.g. heuristic.plan=[[sync,4],[async,null]]")
+    out: list[str] = []
+    for item in h.plan:
+        item = list(item) if not isinstance(item, str) else [item]
+        phase, n = item[0], (item[1] if len(item) > 1 else None)
+        _need(phase in ("sync", "async"), f"heuristic.plan: unknown phase {phase!r}: use sync or async")
+        _need(n is None or (isinstance(n, int) and n >= 1),
+              f"heuristic.plan: the step count of {phase} must be a positive integer or null (got {n!r})")
+        out += [phase] * (steps - len(out) if n is None else min(int(n), steps - len(out)))
+    return out + [out[-1]] * (steps - len(out))
+
+
+def prepare(cfg) -> Setup:
+    """The spec, plan, costs and link of a simulation, or a one-line error (exit 2)."""
+    from ..schedules import Plan, ScheduleError
+    from ..simulator.clock import CostProfile, LinkModel
+    from ..train.build import schedule_choice
+
+    p, s = cfg.pipeline, cfg.schedule
+    _need(p.stages >= 1, f"pipeline.stages must be at least 1 (got {p.stages})")
+    _need(p.microbatches >= 1, f"pipeline.microbatches must be at least 1 (got {p.microbatches})")
+    _need(cfg.steps >= 1, f"steps must be at least 1 (got {cfg.steps})")
+    _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
+    if s.name == "adapipe":
+        _need(s.sync in ("1f1b", "gpipe"), f"unknown schedule.sync={s.sync!r}: use 1f1b or gpipe")
+        _need(s["async"] in ("pipedream", "2bw"), f"unknown schedule.async={s['async']!r}: use pipedream or 2bw")
+    for key in ("forward", "backward", "update", "act_bytes"):
+        _need(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
+    _need(p.link_latency_s >= 0 and p.link_bandwidth >= 0,
+          "pipeline.link_latency_s and pipeline.link_bandwidth must be >= 0 (bandwidth 0 means infinite)")
+    spec = schedule_choice(cfg).spec
+    try:
+        spec.check()
+    except ScheduleError as e:
+        fail(str(e))
+    if p.profile:
+        profile = _load_profile(p.profile)
+        _need(profile.stages == p.stages,
+              f"pipeline.profile={p.profile} has {profile.stages} stages but pipeline.stages={p.stages}: "
+              f"use a profile measured for {p.stages} stages")
+        source = p.profile
+    else:
+        profile = CostProfile.uniform(p.stages, cfg["forward"], cfg["backward"], cfg["update"], cfg["act_bytes"])
+        source = "uniform"
+    steps = cfg.steps
+    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel(p.link_latency_s, p.link_bandwidth), source)
+
+
+def _load_profile(path: str):
+    from ..simulator.clock import CostProfile
+
+    try:
+        prof = CostProfile.load(path)
+    except FileNotFoundError:
+        fail(f"pipeline.profile={path} does not exist: give a saved profile.json")
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        fail(f"pipeline.profile={path} is not a cost profile ({type(e).__name__}: {e}): give a profile.json "
+             f"written by adapipe train")
+    _need(len(prof.backward) == len(prof.forward) == len(prof.update),
+          f"pipeline.profile={path}: forward, backward and update must list one cost per stage")
+    return prof
+
+
+# -- output -------------------------------------------------------------------------------------
+def _fmt(a) -> str:
+    """``F3``/``B3``/``U1`` in a sync step; forwards and backwards of async ones carry their
+    version, ``F3@v1``."""
+    from ..schedules import ASYNC, UPDATE
+
+    if a.kind == UPDATE:
+        return f"U{a.step}"
+    return str(a) if a.phase == ASYNC else f"{a.kind}{a.mb}"
+
+
+def action_table(spec, plan, limit: int = ACTIONS_PRINTED) -> str:
+    """Every stage's action list, one row per stage, columns aligned (at most ``limit`` actions
+    per stage)."""
+    from ..schedules import Plan, StageProgram
+
+    rows, more = [], []
+    for s in range(spec.stages):
+        prog = StageProgram(s, spec, Plan(plan.max_steps, list(plan.phases)))
+        row, n = [], 0
+        while (a := prog.pop()) is not None:
+            n += 1
+            if len(row) < limit:
+                row.append(_fmt(a))
+        rows.append(row)
+        more.append(n - len(row))
+    ncol = max(map(len, rows), default=0)
+    widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(ncol)]
+    lines = []
+    for s, row in enumerate(rows):
+        cells = " ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
+        tail = f" ... (+{more[s]} more)" if more[s] else ""
+        lines.append(f"stage {s:>{len(str(spec.stages - 1))}} | {cells}{tail}")
+    return "\n".join(lines)
+
+
+def summary_text(name: str, setup: Setup, res) -> str:
+    """Step time, bubble, utilisation and the per-stage memory table."""
+    from ..simulator.simulate import min_steady_steps
+
+    spec = setup.spec
+    phases_used = sorted(set(setup.plan.phases), reverse=True)
+    util = sum(res.utilization) / len(res.utilization)
+    when = "steady state" if res.steady else "whole-run mean"
+    lines = [
+        f"schedule {name} ({'+'.join(phases_used)}): {spec.stages} stages x {spec.microbatches} microbatches, "
+        f"{res.steps} steps, costs {setup.source}",
+        f"step time        {res.step_time:.6g} s ({when})",
+        f"bubble fraction  {res.bubble_fraction:.4f} ({when}); {res.run_bubble_fraction:.4f} over the whole run",
+        f"utilization      {util:.4f} (mean over stages, whole run)",
+        f"makespan         {res.makespan:.6g} s",
+    ]
+    if not res.steady:
+        lines.append(f"note: {res.steps} steps are too few to leave out the fill and the drain; "
+                     f"use steps={min_steady_steps(spec.stages, spec.microbatches)} or more for the steady state")
+    lines += ["", "stage  utilization  peak activations  weight versions"]
+    lines += [f"{s:>5}  {res.utilization[s]:>11.4f}  {res.peak_activations[s]:>16}  {res.weight_versions[s]:>15}"
+              for s in range(spec.stages)]
+    return "\n".join(lines)
+
+
+def run_simulation(cfg, run_dir: Path) -> dict:
+    """Simulate ``cfg``, write ``simulation.json`` and ``timeline.png``, then print the summary."""
+    from omegaconf import OmegaConf
+
+    from ..simulator.simulate import simulate
+    from ..simulator.timeline import draw_timeline
+
+    setup = prepare(cfg)
+    spec, name = setup.spec, cfg.schedule.name
+    actions = setup.plan.max_steps * spec.stages * (2 * spec.microbatches + 1)
+    record = actions <= RECORD_LIMIT
+    res = simulate(spec, setup.plan, setup.profile, setup.link, record=record)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    written = ["simulation.json"]
+    if record:
+        title = (f"{name}: {spec.stages} stages x {spec.microbatches} microbatches, {res.steps} steps; "
+                 f"step {res.step_time:.4g} s, bubble {res.bubble_fraction:.1%}")
+        timeline_note = draw_timeline(res.timeline, spec.stages, run_dir / "timeline.png", title)
+        written.append("timeline.png")
+    else:
+        timeline_note = f"skipped: {actions} actions (more than {RECORD_LIMIT})"
+    out = res.as_dict()
+    out.update(
+        schedule=name, sync=spec.sync, weights=spec.weights, phases=list(setup.plan.phases),
+        costs=setup.source, profile={"forward": setup.profile.forward, "backward": setup.profile.backward,
+                                     "update": setup.profile.update, "act_bytes": setup.profile.act_bytes},
+        link={"latency_s": setup.link.latency, "bandwidth": setup.link.bandwidth}, timeline=timeline_note,
+        config=OmegaConf.to_container(cfg, resolve=True),
+    )
+    (run_dir / "simulation.json").write_text(json.dumps(out, indent=2))
+    try:
+        print(summary_text(name, setup, res))
+        if cfg["print"]:
+            print()
+            print(action_table(spec, setup.plan))
+        print(f"\ntimeline.png: {timeline_note}")
+        print(f"wrote {', '.join(written)}")
+        print(f"results: {run_dir}")
+        sys.stdout.flush()
+    except BrokenPipeError:  # e.g. piped into head: the files are written, stop printing quietly
+        sys.stdout = open(os.devnull, "w")
+    return out
+
+
+def _task(cfg) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    run_simulation(cfg, Path(HydraConfig.get().runtime.output_dir))
+
+
+def simulate_command(overrides: list[str]) -> int:
+    import hydra
+
+    from ..config import conf_dir
+    from ..config.schema import register_simulate_config
+
+    register_simulate_config()
+    wants_help = any(a in HELP_FLAGS for a in overrides)
+    multirun = any(a in ("-m", "--multirun") for a in overrides)
+    if not wants_help and not multirun:  # one-line errors before Hydra makes a run directory
+        prepare(compose_or_fail([a for a in overrides if not a.startswith("-")], config_name="simulate", check=False))
+    sys.argv = ["adapipe simulate", *overrides]
+    main = hydra.main(config_path=str(conf_dir()), config_name="simulate", version_base="1.3")(_task)
+    try:
+        main()
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+__all__ = ["simulate_command", "run_simulation", "prepare", "action_table"]

@@ -1,0 +1,139 @@
+"""Drawing a simulated schedule: one row per stage (stage 0 on top), time along x.
+
+Forward and backward boxes are coloured by microbatch (a qualitative palette of ten hues, so
+neighbouring microbatches differ): a forward in the light shade, its backward in the dark shade
+of the same hue. Updates are thin black boxes; idle time is left white. A label (``F3``, or just
+``3``) is written inside a box when it fits.
+
+Past ``max_boxes`` actions a box per action would be slow to draw and unreadable, so the timeline
+is downsampled instead: each stage's row becomes ``columns`` time columns, each painted with the
+action running at its centre (no labels).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.colors import to_rgba  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
+
+from ..schedules import BACKWARD, FORWARD, UPDATE  # noqa: E402
+
+MAX_BOXES = 6000
+COLUMNS = 2400
+HUES = 10  # tab20 holds ten hues, each as a (dark, light) pair
+BLACK = (0.0, 0.0, 0.0, 1.0)
+ROW = 0.8  # box height, in rows
+
+Box = tuple  # (stage, kind, mb, step, start, end), as in SimResult.timeline
+
+
+def _palette() -> list[tuple[float, ...]]:
+    """tab20's colours, then black: index 2h is hue h dark, 2h + 1 the same hue light."""
+    return [to_rgba(c) for c in plt.get_cmap("tab20").colors] + [BLACK]
+
+
+def colour_index(kind: str, mb: int) -> int:
+    """Palette index of an action: forward light, backward dark, update black."""
+    if kind == UPDATE:
+        return 2 * HUES
+    return 2 * (mb % HUES) + (1 if kind == FORWARD else 0)
+
+
+def draw_timeline(boxes: Sequence[Box], stages: int, path: str | Path, title: str = "",
+                  max_boxes: int = MAX_BOXES, columns: int = COLUMNS) -> str:
+    """Draw ``boxes`` to ``path``; returns one line saying what was drawn."""
+    span = max((b[5] for b in boxes), default=0.0) or 1.0
+    per_stage = len(boxes) / max(1, stages)
+    width = float(np.clip(per_stage * 0.32, 8, 30))
+    height = float(np.clip(0.4 * stages + 1.6, 2.6, 22))
+    fig, ax = plt.subplots(figsize=(width, height))
+    if len(boxes) <= max_boxes:
+        _draw_boxes(fig, ax, boxes, span)
+        note = f"{len(boxes)} actions, one box each"
+    else:
+        _draw_raster(ax, boxes, stages, span, columns)
+        note = f"downsampled: {len(boxes)} actions drawn as {columns} time columns per stage, without labels"
+    ax.set_xlim(0, span * 1.01)
+    ax.set_ylim(stages - 0.5, -0.5)  # stage 0 on top
+    step = max(1, stages // 16)
+    ax.set_yticks(range(0, stages, step))
+    ax.set_ylabel("stage")
+    ax.set_xlabel("time (s)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(handles=_legend(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return note
+
+
+def _legend() -> list[Patch]:
+    pal = _palette()
+    return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B (dark)"),
+            Patch(facecolor=BLACK, label="U"), Patch(facecolor="white", edgecolor="grey", label="idle")]
+
+
+def _draw_boxes(fig, ax, boxes: Sequence[Box], span: float) -> None:
+    pal = _palette()
+    thin = span * 0.004  # an update may cost nothing: keep it visible
+    work, work_colours, updates = [], [], []
+    for s, kind, mb, _step, start, end in boxes:
+        y0, y1 = s - ROW / 2, s + ROW / 2
+        if kind == UPDATE:
+            end = max(end, start + thin)
+            updates.append([(start, y0), (start, y1), (end, y1), (end, y0)])
+        elif kind in (FORWARD, BACKWARD):
+            work.append([(start, y0), (start, y1), (end, y1), (end, y0)])
+            work_colours.append(pal[colour_index(kind, mb)])
+    ax.add_collection(PolyCollection(work, facecolors=work_colours, edgecolors="white", linewidths=0.4))
+    ax.add_collection(PolyCollection(updates, facecolors=BLACK, edgecolors=BLACK, linewidths=0.4, zorder=3))
+    _labels(fig, ax, boxes, span)
+
+
+def _labels(fig, ax, boxes: Sequence[Box], span: float) -> None:
+    """Write ``F3`` (or ``3``) inside each forward and backward box that is wide enough."""
+    fontsize = 7
+    px_per_s = ax.get_position().width * fig.get_figwidth() * fig.dpi / span
+    char_px = fontsize * 0.62 * fig.dpi / 72
+    for s, kind, mb, _step, start, end in boxes:
+        if kind not in (FORWARD, BACKWARD):
+            continue
+        room = (end - start) * px_per_s
+        for text in (f"{kind}{mb}", f"{mb}"):
+            if len(text) * char_px + 2 <= room:
+                ax.text((start + end) / 2, s, text, ha="center", va="center", fontsize=fontsize,
+                        color="white" if kind == BACKWARD else "black")
+                break
+
+
+def _draw_raster(ax, boxes: Sequence[Box], stages: int, span: float, columns: int) -> None:
+    """Each stage's row as ``columns`` pixels: the colour of the action at the pixel's centre."""
+    pal = np.array(_palette())
+    kind_code = {FORWARD: 0, BACKWARD: 1, UPDATE: 2}
+    stage, kind, mb, _step, start, end = (np.asarray(c) for c in zip(*boxes))
+    kind = np.select([kind == FORWARD, kind == BACKWARD, kind == UPDATE], [0, 1, 2], 3)
+    order = np.argsort(stage, kind="stable")  # by stage, each stage's actions in the order they ran
+    bounds = np.searchsorted(stage[order], np.arange(stages + 1))
+    img = np.ones((stages, columns, 4))
+    centres = (np.arange(columns) + 0.5) * span / columns
+    for s in range(stages):
+        rows = order[bounds[s]:bounds[s + 1]]
+        rows = rows[kind[rows] < 3]
+        if not len(rows):
+            continue
+        kinds, mbs, starts, ends = kind[rows], mb[rows].astype(int), start[rows], end[rows]
+        idx = np.where(kinds == 2, 2 * HUES, 2 * (mbs % HUES) + (kinds == 0))
+        at = np.searchsorted(starts, centres, side="right") - 1  # a stage's actions run in order
+        hit = (at >= 0) & (centres < ends[np.maximum(at, 0)])
+        img[s, hit] = pal[idx[at[hit]]]
+        # updates are often shorter than a column: paint the column they start in
+        upd = starts[kinds == 2]
+        img[s, np.minimum((upd / span * columns).astype(int), columns - 1)] = BLACK
+    ax.imshow(img, aspect="auto", interpolation="nearest", extent=(0, span, stages - 0.5, -0.5))

@@ -1,0 +1,233 @@
+"""The simulator against closed forms (uniform costs), the link model, cost profiles, the timeline
+drawing and ``adapipe simulate`` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapipe_cli.schedules import ASYNC, SYNC, Plan, ScheduleSpec
+from adapipe_cli.simulator.clock import CostProfile, LinkModel
+from adapipe_cli.simulator.simulate import min_steady_steps, simulate
+from adapipe_cli.simulator.timeline import draw_timeline
+
+F, B = 1.0, 2.0
+# (p, m): m < p, m = p, m > p and m = 1 among them
+SHAPES = [(1, 1), (2, 1), (4, 1), (4, 2), (4, 3), (4, 4), (4, 8), (8, 3), (3, 8), (6, 16)]
+
+
+def run(p, m, phases, sync="1f1b", weights="stash", f=F, b=B, u=0.0, link=None, record=False):
+    spec = ScheduleSpec(p, m, sync, weights)
+    spec.check()
+    return simulate(spec, Plan(len(phases), list(phases)), CostProfile.uniform(p, f, b, u), link, record=record)
+
+
+def approx(x):
+    return pytest.approx(x, rel=1e-9, abs=1e-9)
+
+
+# -- synchronous: GPipe and 1F1B ----------------------------------------------------------------
+@pytest.mark.parametrize("sync", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_sync_bubble_and_step_time(sync, p, m):
+    """Bubble (p - 1) / (m + p - 1) and step time (m + p - 1)(f + b) + u, from the first step."""
+    r = run(p, m, [SYNC] * 3, sync)
+    assert r.step_time == approx((m + p - 1) * (F + B))
+    assert r.bubble_fraction == approx((p - 1) / (m + p - 1))
+    assert r.run_bubble_fraction == approx((p - 1) / (m + p - 1))
+    assert r.steady and r.steps == 3
+    assert r.update_end == approx([(t + 1) * (m + p - 1) * (F + B) for t in range(3)])
+    assert r.utilization == approx([m / (m + p - 1)] * p)
+    # non-integer costs and an update (a collective that ends the step)
+    f, b, u = 0.7, 1.9, 0.45
+    r = run(p, m, [SYNC] * 2, sync, f=f, b=b, u=u)
+    assert r.step_time == approx((m + p - 1) * (f + b) + u)
+    assert r.steps == 2 and run(p, m, [SYNC], sync, f=f, b=b, u=u).step_time == approx(r.step_time)
+
+
+# -- asynchronous: PipeDream and 2BW --------------------------------------------------------------
+@pytest.mark.parametrize("weights", ["stash", "latest", "vertical", "2bw"])
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_async_steady_state_has_no_bubble(weights, p, m):
+    """Steady state: every stage busy, step time m (f + b) (+ u)."""
+    if weights == "2bw" and m < p - 1:
+        pytest.skip("2bw needs m >= p - 1")
+    n = min_steady_steps(p, m) + 2
+    r = run(p, m, [ASYNC] * n, weights=weights)
+    assert r.steady
+    assert r.step_time == approx(m * (F + B))
+    assert r.bubble_fraction == approx(0.0)
+    # the fill and the drain are the only idle time of the run
+    assert r.run_bubble_fraction == approx(1 - n * m * (F + B) / r.makespan)
+    r = run(p, m, [ASYNC] * n, weights=weights, u=0.5)
+    assert r.step_time == approx(m * (F + B) + 0.5)
+    assert r.bubble_fraction == approx(0.0)
+
+
+def test_too_few_async_steps_are_flagged():
+    p, m = 4, 1
+    assert not run(p, m, [ASYNC] * (min_steady_steps(p, m) - 1)).steady
+    assert run(p, m, [ASYNC] * min_steady_steps(p, m)).steady
+
+
+def test_2bw_with_too_few_microbatches_is_rejected():
+    from adapipe_cli.schedules import ScheduleError
+
+    with pytest.raises(ScheduleError, match="2bw needs"):
+        ScheduleSpec(4, 2, "1f1b", "2bw").check()
+
+
+def test_phase_switch_costs_a_drain_and_a_fill():
+    """async -> sync drains the stream, sync -> async refills it: the round trip takes longer than
+    its steps take in their steady states."""
+    p, m, k = 4, 4, 6
+    a = run(p, m, [ASYNC] * (3 * k))
+    trip = run(p, m, [ASYNC] * k + [SYNC] * k + [ASYNC] * k)
+    sync_t, async_t = (m + p - 1) * (F + B), m * (F + B)
+    assert trip.makespan > a.makespan + k * (sync_t - async_t) - 1e-9
+    assert trip.steps == 3 * k
+
+
+# -- the link --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_link_latency_adds_a_round_trip_to_the_sync_step(p, m):
+    """A flushed step crosses p - 1 links forwards and p - 1 backwards: GPipe's step grows by
+    exactly 2 (p - 1) latency. 1F1B's strict alternation cannot hide the round trip (the forward of
+    microbatch j + w + 1 waits for the backward of j), so its step grows by exactly that only for
+    m <= 2, and by more beyond."""
+    lat = 0.25
+    base = (m + p - 1) * (F + B)
+    assert run(p, m, [SYNC] * 2, "gpipe", link=LinkModel(lat)).step_time == approx(base + 2 * (p - 1) * lat)
+    one = run(p, m, [SYNC] * 2, "1f1b", link=LinkModel(lat)).step_time
+    if m <= 2:
+        assert one == approx(base + 2 * (p - 1) * lat)
+    else:
+        assert one >= base + 2 * (p - 1) * lat - 1e-9
+
+
+def test_link_bandwidth_adds_transfer_time():
+    p, m, lat, nbytes, bw = 4, 3, 0.1, 200.0, 1000.0
+    profile = CostProfile.uniform(p, F, B, 0.0, act_bytes=nbytes)
+    r = simulate(ScheduleSpec(p, m, "gpipe"), Plan(1, [SYNC]), profile, LinkModel(lat, bw))
+    assert r.step_time == approx((m + p - 1) * (F + B) + 2 * (p - 1) * (lat + nbytes / bw))
+
+
+# -- cost profiles -----------------------------------------------------------------------------------
+def test_profile_with_the_wrong_number_of_stages_is_rejected(tmp_path):
+    path = tmp_path / "profile.json"
+    CostProfile.uniform(2).save(path)
+    prof = CostProfile.load(path)
+    with pytest.raises(ValueError, match="2 stages"):
+        simulate(ScheduleSpec(4, 4), Plan(1, [SYNC]), prof)
+
+
+def test_uneven_profile_is_limited_by_its_slowest_stage():
+    """With one stage k times slower, async steady state runs at that stage's pace."""
+    p, m = 4, 4
+    prof = CostProfile([1.0, 1.0, 3.0, 1.0], [2.0, 2.0, 6.0, 2.0], [0.0] * p)
+    n = min_steady_steps(p, m) + 2
+    r = simulate(ScheduleSpec(p, m), Plan(n, [ASYNC] * n), prof)
+    assert r.step_time == approx(m * (3.0 + 6.0))
+    assert r.bubble_fraction == approx(1 - (3 * m * 3.0 + m * 9.0) / (p * r.step_time))
+
+
+# -- the timeline -----------------------------------------------------------------------------------
+def test_timeline_records_every_action_in_order():
+    p, m = 3, 2
+    r = run(p, m, [SYNC] * 2, record=True)
+    assert len(r.timeline) == 2 * p * (2 * m + 1)
+    for s in range(p):
+        rows = [b for b in r.timeline if b[0] == s]
+        assert all(a[5] <= b[4] + 1e-12 for a, b in zip(rows, rows[1:]))  # a stage runs one at a time
+
+
+def test_draw_timeline_boxes_and_downsampled(tmp_path):
+    r = run(4, 4, [ASYNC] * 6, u=0.0, record=True)
+    note = draw_timeline(r.timeline, 4, tmp_path / "small.png", "small")
+    assert "one box each" in note and (tmp_path / "small.png").stat().st_size > 0
+    note = draw_timeline(r.timeline, 4, tmp_path / "big.png", "big", max_boxes=10, columns=200)
+    assert "downsampled" in note and (tmp_path / "big.png").stat().st_size > 0
+
+
+# -- adapipe simulate -------------------------------------------------------------------------------
+def simulate_cfg(*overrides: str):
+    from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.config.schema import register_simulate_config
+
+    register_simulate_config()
+    return compose_config(list(overrides), config_name="simulate")
+
+
+def test_adapipe_phases_follow_the_fixed_plan():
+    from adapipe_cli.cli.simulate import prepare
+
+    cfg = simulate_cfg("schedule=adapipe", "heuristic.plan=[[async,2],[sync,1],[async,null]]", "steps=5",
+                       "pipeline.stages=2", "pipeline.microbatches=2")
+    assert prepare(cfg).plan.phases == [ASYNC, ASYNC, SYNC, ASYNC, ASYNC]
+    cfg = simulate_cfg("schedule=adapipe", "heuristic.plan=[[async,1],[sync,1]]", "steps=4")
+    assert prepare(cfg).plan.phases == [ASYNC, SYNC, SYNC, SYNC]  # the last phase continues
+    assert prepare(simulate_cfg("schedule=2bw", "steps=3")).plan.phases == [ASYNC] * 3
+    assert prepare(simulate_cfg("schedule=gpipe", "steps=2")).plan.phases == [SYNC] * 2
+
+
+def test_cli_profile_stage_mismatch_is_one_line(tmp_path, capsys):
+    from adapipe_cli.cli.simulate import prepare
+
+    path = tmp_path / "profile.json"
+    CostProfile.uniform(2).save(path)
+    with pytest.raises(SystemExit) as e:
+        prepare(simulate_cfg(f"pipeline.profile={path}", "pipeline.stages=4"))
+    assert e.value.code != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "2 stages" in err[0]
+    assert prepare(simulate_cfg(f"pipeline.profile={path}", "pipeline.stages=2")).source == str(path)
+
+
+def test_action_table_formats_versions_of_async_actions():
+    from adapipe_cli.cli.simulate import action_table
+
+    sync = action_table(ScheduleSpec(2, 2), Plan(1, [SYNC])).splitlines()
+    assert sync[0].split("|")[1].split() == ["F0", "F1", "B0", "B1", "U0"]
+    asyn = action_table(ScheduleSpec(2, 1), Plan(2, [ASYNC, ASYNC])).splitlines()
+    assert asyn[0].split("|")[1].split() == ["F0@v0", "F1@v0", "B0@v0", "U0", "B1@v0", "U1"]
+    assert "more" in action_table(ScheduleSpec(2, 8), Plan(1, [SYNC]), limit=4)
+
+
+def adapipe(*args: str) -> subprocess.CompletedProcess:
+    exe = Path(sys.executable).with_name("adapipe")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "adapipe_cli.cli.main"]
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cli_writes_simulation_json_and_timeline(tmp_path):
+    out = adapipe("simulate", "schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=4", "steps=8",
+                  "print=true", f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    sim = json.loads((tmp_path / "simulation.json").read_text())
+    for key in ("step_time", "bubble_fraction", "utilization", "per_stage"):
+        assert key in sim
+    assert sim["step_time"] == approx(4 * (F + B)) and sim["bubble_fraction"] == approx(0.0)
+    assert [s["peak_activations"] for s in sim["per_stage"]] == [4, 3, 2, 1]
+    assert all("weight_versions" in s for s in sim["per_stage"])
+    assert (tmp_path / "timeline.png").stat().st_size > 0
+    assert "F4@v0" in out.stdout and "bubble fraction" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == f"results: {tmp_path}"
+
+
+@pytest.mark.parametrize("args,words", [
+    (["schedule=nonesuch"], "schedule"),
+    (["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs"),
+])
+def test_cli_bad_input_is_one_line(tmp_path, args, words):
+    out = adapipe("simulate", *args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], out.stderr
+    assert "Traceback" not in out.stderr + out.stdout
+    assert not (tmp_path / "run").exists()

@@ -187,3 +187,26 @@ def test_mitigations_train(mitigation):
     plain = run_losses(local_runtime(4, 2, [ASYNC] * steps, data), steps)
     assert losses[-1] < 0.9 * losses[0]
     assert losses != plain  # the mitigation changed the updates
+
+
+@pytest.mark.parametrize("weights,mitigation", [("stash", []), ("2bw", []), ("vertical", ["predict"]), ("stash", ["predict"]),
+                                                ("latest", ["nesterov", "lr_reschedule"])])
+def test_state_round_trip_continues_exactly(weights, mitigation):
+    """Taking a runtime's state mid-stream (async microbatches in flight) and loading it into a
+    fresh runtime continues with exactly the numbers of the uninterrupted run."""
+    import copy
+
+    from helpers import sched_cfg
+
+    phases = [SYNC, ASYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC, ASYNC, ASYNC]
+    data = make_data(len(phases))
+    kw = dict(weights=weights, scfg=sched_cfg(mitigation=mitigation))
+    whole = run_losses(local_runtime(4, 3, phases, data, **kw), len(phases))
+    for cut in (2, 6):
+        a = local_runtime(4, 3, phases, data, **kw)
+        head = [a.run_step(t).loss for t in range(cut + 1)]
+        state = copy.deepcopy(a.state_dict())
+        b = local_runtime(4, 3, phases, data, seed=7, **kw)  # other initial weights: all must be overwritten
+        b.load_state_dict(state)
+        tail = [b.run_step(t).loss for t in range(cut + 1, len(phases))]
+        assert head + tail == whole

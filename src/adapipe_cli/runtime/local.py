@@ -161,6 +161,34 @@ class LocalRuntime:
             total += lm_loss(h, y).item()
         return total / len(batches)
 
+    # -- state ---------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """The whole pipeline at the current step boundary: every stage's state, the messages in
+        transit between stages, and the clock."""
+        if self.transport.reductions:
+            raise RuntimeError("a collective is in progress: state can only be taken between steps")
+        return {
+            "stages": [ex.state_dict() for ex in self.executors],
+            "messages": {k: v.clone() for k, v in self.transport.box.items()},
+            "clock": self.clock.state_dict(),
+            "updated": list(self.updated), "last_time": self.last_time, "last_busy": self.last_busy,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a state taken by :meth:`state_dict`; the plan must already hold the phases that
+        were decided when it was taken (the programs are regenerated from it)."""
+        self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
+        for ex, prog, st in zip(self.executors, self.programs, state["stages"]):
+            ex.load_state_dict(st, prog)
+        self.transport.box = {tuple(k): v.clone() for k, v in state["messages"].items()}
+        self.transport.reductions.clear()
+        self.transport.taken.clear()
+        self.clock.load_state_dict(state["clock"])
+        self.updated = list(state["updated"])
+        self.last_time, self.last_busy = state["last_time"], state["last_busy"]
+        self.arrived = set()
+        self._evals = []
+
     def memory(self) -> list[dict]:
         return [{"stage": ex.s, "peak_activations": ex.peak_inflight, "peak_weight_versions": ex.peak_versions}
                 for ex in self.executors]

@@ -27,6 +27,7 @@ from .transport import Transport
 
 @dataclass
 class InFlight:
+    action: Action  # the forward that put it in flight
     version: int
     weights: list[torch.Tensor] | None  # None: the live parameters
     x: torch.Tensor  # stage input (leaf; requires grad except on the first stage)
@@ -199,7 +200,7 @@ class StageExecutor:
             out = loss / self.m  # the step's gradient is the mean over its microbatches
         else:
             self.transport.send("act", self.s, self.s + 1, a.mb, out.detach())
-        self.inflight[a.mb] = InFlight(a.version, w, x, out)
+        self.inflight[a.mb] = InFlight(a, a.version, w, x, out)
         self.peak_inflight = max(self.peak_inflight, len(self.inflight))
 
     def backward(self, a: Action) -> None:
@@ -310,6 +311,69 @@ class StageExecutor:
 
     def take_stats(self, step: int) -> StepStats:
         return self.stats.pop(step, StepStats())
+
+    # -- state (checkpoints, the divergence guard) ---------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything that determines this stage's future numbers, at a step boundary (after one
+        of its updates): weights, optimizer, stashed versions, in-flight microbatches (their
+        inputs; the graphs are rebuilt by recomputing the forward, which gives identical values),
+        unfinished steps' gradients and statistics, the mitigations' state and the program's
+        position."""
+        clone = lambda ts: [t.detach().clone() for t in ts]  # noqa: E731
+        # weights of in-flight microbatches that are neither live nor a stashed version (predicted
+        # ones): saved as they are, since the velocity they were predicted with has moved on
+        own = {id(w) for w in self.copies.values()}
+        extra = {id(r.weights): r.weights for r in self.inflight.values() if r.weights is not None and id(r.weights) not in own}
+        order = list(extra)
+        return {
+            "stage": self.s, "live": self.live, "program": self.program.popped,
+            "params": clone(self.params), "optimizer": self.opt.state_dict(),
+            "copies": {v: clone(w) for v, w in self.copies.items()},
+            "inflight": {mb: {"action": tuple(r.action), "x": r.x.detach().clone(),
+                              "weights": order.index(id(r.weights)) if id(r.weights) in extra else None}
+                         for mb, r in self.inflight.items()},
+            "inflight_weights": [clone(extra[i]) for i in order],
+            "grads": {t: clone(g) for t, g in self.grads.items()},
+            "stats": {t: dict(st.__dict__) for t, st in self.stats.items()},
+            "eval_losses": dict(self.eval_losses),
+            "peaks": (self.peak_inflight, self.peak_versions),
+            "policy": self.policy.stage_state(self.s),
+        }
+
+    def load_state_dict(self, state: dict, program: StageProgram) -> None:
+        """Restore ``state`` into this stage, with ``program`` a fresh program of the same plan,
+        which is fast-forwarded to the saved position. Stale collective bookkeeping is dropped."""
+        if state["stage"] != self.s or len(state["params"]) != len(self.params):
+            raise ValueError(f"state of stage {state['stage']} does not fit stage {self.s}")
+        with torch.no_grad():
+            for p, v in zip(self.params, state["params"]):
+                p.copy_(v)
+        self.opt.load_state_dict(state["optimizer"])
+        self.live = state["live"]
+        self.copies = {int(v): [t.clone().requires_grad_(True) for t in w] for v, w in state["copies"].items()}
+        self.grads = {int(t): [g.clone() for g in gs] for t, gs in state["grads"].items()}
+        self.stats = {int(t): StepStats(**st) for t, st in state["stats"].items()}
+        self.eval_losses = dict(state["eval_losses"])
+        self.peak_inflight, self.peak_versions = state["peaks"]
+        self._posted, self._norms = set(), {}
+        self.policy.load_stage_state(self.s, state["policy"])
+        self.program = program
+        program.skip(state["program"])
+        self.inflight = {}
+        saved = [[t.clone().requires_grad_(True) for t in w] for w in state["inflight_weights"]]
+        for mb, rec in sorted(state["inflight"].items()):
+            w = saved[rec["weights"]] if rec["weights"] is not None else None
+            self._refill(Action(*rec["action"]), rec["x"], w)
+
+    def _refill(self, a: Action, x: torch.Tensor, w: list[torch.Tensor] | None) -> None:
+        """Put a saved in-flight microbatch back: recompute its forward from its saved input."""
+        x = x.clone() if self.first else x.clone().requires_grad_(True)
+        if w is None:
+            w = self._weights(a.version, a.phase, a.step)
+        out = self._call(x, w, a.mb)
+        if self.last:
+            out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
+        self.inflight[a.mb] = InFlight(a, a.version, w, x, out)
 
 
 def timed(fn: Callable[[], None]) -> float:

@@ -88,11 +88,12 @@ class UpdatePolicy:
             return None
         d = step - version
         cache = self.predicted.setdefault(ex.s, {})
-        if (version, d) not in cache:
+        key = (version, d, ex.live)  # the velocity is the one current at the stage's live version
+        if key not in cache:
             base = ex.params if version == ex.live else ex.copies[version]
             u = self.velocity[ex.s]
-            cache[(version, d)] = [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
-        return cache[(version, d)]
+            cache[key] = [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
+        return cache[key]
 
     # -- around an update --------------------------------------------------------------------
     def before_update(self, ex) -> list[torch.Tensor] | None:
@@ -119,10 +120,23 @@ class UpdatePolicy:
             u = self.velocity.get(ex.s)
             self.velocity[ex.s] = deltas if u is None or b == 0 else [v.mul(b).add_(d, alpha=1 - b) for v, d in zip(u, deltas)]
 
+    def stage_state(self, stage: int) -> dict:
+        """What the mitigations remember about a stage (predicted weights are recomputed)."""
+        clone = lambda ts: None if ts is None else [t.clone() for t in ts]  # noqa: E731
+        return {"velocity": clone(self.velocity.get(stage)), "previous_step": clone(self.previous_step.get(stage))}
+
+    def load_stage_state(self, stage: int, state: dict) -> None:
+        for name in ("velocity", "previous_step"):
+            table = getattr(self, name)
+            table.pop(stage, None)
+            if state.get(name) is not None:
+                table[stage] = [t.clone() for t in state[name]]
+        self.predicted.pop(stage, None)
+
     def release(self, ex, floor: int, held: set[int]) -> None:
         cache = self.predicted.get(ex.s)
         if cache:
             in_use = {id(r.weights) for r in ex.inflight.values()}
             for key in list(cache):
-                if id(cache[key]) not in in_use and key[0] < ex.live:
+                if id(cache[key]) not in in_use and key[2] < ex.live:
                     del cache[key]

@@ -86,6 +86,7 @@ class StageProgram:
         self._gen = self._generate()
         self._next: Action | None = None
         self._peeked = False
+        self.popped = 0  # actions consumed so far: the program's position, for checkpoints
 
     # -- public ------------------------------------------------------------------------------
     def peek(self) -> Action | None:
@@ -97,7 +98,15 @@ class StageProgram:
     def pop(self) -> Action | None:
         a = self.peek()
         self._peeked = False
+        if a is not None:
+            self.popped += 1
         return a
+
+    def skip(self, n: int) -> None:
+        """Consume the first ``n`` actions (a fresh program fast-forwarded to a saved position)."""
+        while self.popped < n:
+            if self.pop() is None:
+                raise RuntimeError(f"stage {self.s}: the schedule ended before position {n}")
 
     def floor_version(self) -> int:
         """A lower bound on the version of every action not yet returned by ``pop``."""

@@ -123,3 +123,16 @@ class PipelineClock:
 
     def now(self) -> float:
         return max(self.free)
+
+    _STATE = ("free", "busy", "_f_end", "_b_end", "_arrivals", "_u_left", "update_end")
+
+    def state_dict(self) -> dict:
+        import copy
+
+        return {k: copy.deepcopy(getattr(self, k)) for k in self._STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        import copy
+
+        for k in self._STATE:
+            setattr(self, k, copy.deepcopy(state[k]))

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from .compose import HELP_FLAGS, compose_or_fail
 from .errors import fail
+
+
+_FAILED: list[str] = []  # jobs of this process's multirun that failed: "RUN_DIR: reason"
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _job_failed(run_dir: Path, message: str, code: int, detail: str = "") -> None:
+    """A single run exits with ``code``. A job of a multirun writes ``error.txt`` (its last line the
+    reason) into its directory and returns, so that the other jobs run; the multirun then exits 1
+    with one line per failed job."""
+    if not _in_multirun():
+        fail(message, code)
+    (run_dir / "error.txt").write_text(detail + message + "\n")
+    print(f"adapipe: error: {message}", file=sys.stderr)
+    _FAILED.append(f"{run_dir}: {message}")
 
 
 def _task(cfg) -> None:
@@ -14,17 +37,24 @@ def _task(cfg) -> None:
 
     from ..config import ConfigError
     from ..data import DataError
+    from ..runtime.dist import WorkerFailed
+    from ..train.checkpoint import CheckpointError
     from ..train.loop import TrainingDiverged, train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    (run_dir / "error.txt").unlink(missing_ok=True)  # a rerun's directory shows only its own failure
     try:
         summary = train(cfg, run_dir)
-    except (ConfigError, DataError) as e:
-        fail(str(e))
-    except TrainingDiverged as e:
-        fail(str(e), code=1)
+    except (ConfigError, DataError, CheckpointError) as e:
+        return _job_failed(run_dir, str(e), 2)
+    except (TrainingDiverged, WorkerFailed) as e:
+        return _job_failed(run_dir, str(e), 1)
     except KeyboardInterrupt:
         fail(f"interrupted; partial results are in {run_dir}", code=130)
+    except Exception as e:  # a bug: a single run shows the traceback, a multirun records it and goes on
+        if not _in_multirun():
+            raise
+        return _job_failed(run_dir, f"{type(e).__name__}: {e}", 1, traceback.format_exc())
     ttt = summary["time_to_target_s"]
     target = f", time to ppl {summary['target_ppl']:g}: {ttt:.2f}s" if ttt is not None else ""
     print(f"final val ppl {summary['final_val_ppl']:.3f} after {summary['steps']} steps "
@@ -32,23 +62,87 @@ def _task(cfg) -> None:
     print(f"results: {run_dir}")
 
 
+def _torchrun_rank(cfg) -> int | None:
+    """This process's rank when torchrun (or a launcher setting the same variables) started it,
+    else None; under torchrun the run must be distributed."""
+    from ..runtime.worker import torchrun_env
+    from ..train.loop import runtime_kind
+
+    env = torchrun_env()
+    if env is None:
+        return None
+    if runtime_kind(cfg) != "dist":
+        fail("under torchrun every process is one pipeline stage: add pipeline.runtime=dist")
+    return int(env["RANK"])
+
+
+def _resume_overrides(overrides: list[str]) -> list[str]:
+    """``train.resume=RUN_DIR``: the run's own overrides (from RUN_DIR/.hydra/overrides.yaml), then
+    the ones given now, and Hydra's output directory set to RUN_DIR, so that the run continues in
+    place with its own configuration."""
+    given = [a.split("=", 1)[1] for a in overrides if a.startswith("train.resume=")]
+    if not given or given[-1] in ("", "null"):
+        return overrides
+    run_dir = Path(given[-1]).resolve()
+    if not (run_dir / "checkpoints").is_dir():
+        fail(f"train.resume={given[-1]}: no checkpoints in that directory (is it a run directory of adapipe train?)")
+    saved_file = run_dir / ".hydra" / "overrides.yaml"
+    import yaml
+
+    saved = yaml.safe_load(saved_file.read_text()) if saved_file.is_file() else []
+    keep = [a for a in saved if not a.startswith(("hydra.", "train.resume="))]
+    out = [*keep, *(a if not a.startswith("train.resume=") else f"train.resume={run_dir}" for a in overrides)]
+    if not any(a.startswith("hydra.run.dir=") for a in out):
+        out.append(f"hydra.run.dir={run_dir}")
+    return out
+
+
+def _check_resume(cfg) -> None:
+    """Refuse, before Hydra writes anything into the run directory, a resume whose configuration
+    differs from its checkpoint's in a key that changes the numbers."""
+    from omegaconf import OmegaConf
+
+    from ..train import checkpoint
+
+    try:
+        folder, manifest = checkpoint.load_latest(Path(cfg.train.resume), warn=lambda m: print(m, file=sys.stderr))
+    except checkpoint.CheckpointError as e:
+        fail(str(e))
+    diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True))
+    if diff:
+        more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
+        fail(f"checkpoint {folder} belongs to another configuration: {diff[0]}{more}")
+
+
 def train_command(overrides: list[str]) -> int:
     import hydra
 
     from ..config import conf_dir, register_configs
 
+    overrides = _resume_overrides(overrides)
     wants_help = any(a in HELP_FLAGS for a in overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     if not wants_help and not multirun:
-        compose_or_fail([a for a in overrides if not a.startswith("-")])
+        cfg = compose_or_fail([a for a in overrides if not a.startswith("-")])
+        if cfg.train.resume:
+            _check_resume(cfg)
+        if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
+            rank = _torchrun_rank(cfg)
+            if rank is not None and rank != 0:  # rank 0 runs the Trainer (and stage 0's worker) through Hydra
+                from ..runtime.worker import torchrun_main
+
+                torchrun_main(cfg.pipeline.timeout_s)
     register_configs()
     sys.argv = ["adapipe train", *overrides]
     main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)
+    _FAILED.clear()
     try:
         main()
     except SystemExit as e:
         return int(e.code or 0)
-    return 0
+    for line in _FAILED:
+        print(f"adapipe: failed: {line}", file=sys.stderr)
+    return 1 if _FAILED else 0
 
 
 __all__ = ["train_command", "fail"]

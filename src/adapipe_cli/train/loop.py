@@ -9,27 +9,45 @@ the target perplexity.
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
-from ..adaptive.base import Context, Observation
+from ..adaptive.base import Context, Decision, Observation
 from ..config.validate import ConfigError, validate
 from ..data import DataError, build_data
 from ..runtime.local import LocalRuntime, StepResult
 from ..runtime.profile import measure_profile
-from ..schedules import Plan, ScheduleError
+from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
-from . import build
+from . import build, checkpoint
+from .guard import DivergenceGuard
 from .metrics import RunLog
 from .optim import StageOptimizer
 from .plots import plot_curves, plot_phases
 from .progress import Progress
+
+
+@dataclass
+class RunState:
+    """What the loop knows about the run so far (saved with every checkpoint)."""
+
+    steps: int = 0  # steps completed
+    tokens: int = 0
+    time_s: float = 0.0  # the run's clock, rollbacks' lost time included
+    offset: float = 0.0  # time lost to rollbacks, added to the runtime's clock
+    stopped: str = "max_steps"
+    forced_until: int = 0  # the guard's sync cooldown: steps before this are decided sync
+    wall_before: float = 0.0  # wall time of earlier sessions of a resumed run
+    evals: list = field(default_factory=list)
+    step_time: dict = field(default_factory=lambda: {0: 0.0})  # version -> time_s when it existed
 
 
 class TrainingDiverged(RuntimeError):
@@ -56,9 +74,11 @@ def runtime_kind(cfg) -> str:
 
 class Trainer:
     def __init__(self, cfg, run_dir: Path):
-        self.cfg, self.dir = cfg, Path(run_dir)
+        # a resumed run continues in its own directory
+        self.cfg, self.dir = cfg, Path(cfg.train.resume or run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         validate(cfg)
+        self.resume = self._checkpoint_to_resume()  # before anything else: a foreign checkpoint is refused
         if cfg.pipeline.threads > 0:
             torch.set_num_threads(cfg.pipeline.threads)
         torch.manual_seed(cfg.seed)
@@ -107,10 +127,12 @@ class Trainer:
 
     def _profile(self) -> CostProfile:
         p = self.cfg.pipeline
-        if p.profile:
-            prof = CostProfile.load(p.profile)
+        saved = self.dir / "profile.json"
+        path = p.profile or (saved if self.cfg.train.resume and saved.is_file() else None)  # resume: the same clock
+        if path:
+            prof = CostProfile.load(path)
             if prof.stages != p.stages:
-                raise ConfigError(f"pipeline.profile={p.profile} has {prof.stages} stages but pipeline.stages={p.stages}: "
+                raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
                                   f"use a profile measured for {p.stages} stages")
         else:
             x, y = self.batches(0, 0)
@@ -128,83 +150,187 @@ class Trainer:
         return t == -1 or (t + 1) % self.cfg.train.eval_every == 0 or t + 1 == n
 
     def run(self) -> dict:
-        cfg, t = self.cfg, self.cfg.train
-        log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True))
-        rt = self.runtime
+        cfg, t, rt = self.cfg, self.cfg.train, self.runtime
+        self.guard = DivergenceGuard(cfg.heuristic)
+        # only async phases are guarded, and a rollback needs the runtime's state
+        self.guard.enabled = self.guard.enabled and self.choice.phase != SYNC and hasattr(rt, "state_dict")
+        self.guard.keep_for(self.lag)
+        self.st = RunState()
+        resume = self.resume
+        self.log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
+                          keep_lines=resume[1]["trainer_lines"] if resume else None)
         first_line = (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
                       f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
         print(first_line, file=sys.stderr)
-        (self.dir / "run.log").write_text(first_line + "\n")
-        wall0 = time.perf_counter()
-        evals: list[dict] = []
-        step_time = {0: 0.0}  # version (updates applied) -> time_s at which it existed
-        state = {"tokens": 0, "time_s": 0.0, "stopped": "max_steps", "steps": 0}
-
-        def collect() -> dict | None:
-            last = None
-            for version, loss in rt.evaluations():
-                last = {"kind": "eval", "step": version, "val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
-                        "time_s": step_time[version], "wall_s": time.perf_counter() - wall0,
-                        "tokens": version * self.tokens_per_step}
-                log.write(last)
-                evals.append(last)
-            return last
-
-        for u in range(min(self.lag, t.max_steps)):
-            self._decide(u, log)
+        with open(self.dir / "run.log", "a") as f:
+            f.write(first_line + "\n")
+        self.wall0 = time.perf_counter()
         progress = Progress(t.max_steps, t.progress)
         try:
-            collect()
-            for step in range(t.max_steps):
+            if resume:
+                self._restore(*resume)
+                print(f"adapipe: resumed from {resume[0]} at step {self.st.steps}", file=sys.stderr)
+            else:
+                for u in range(min(self.lag, t.max_steps)):
+                    self._decide(u)
+                self._collect()
+            progress.bar.update(self.st.steps)
+            step = self.st.steps
+            while step < t.max_steps:
                 res = rt.run_step(step)
+                reason = self.guard.check(res.phase, res.loss)
+                if reason:
+                    step = self._rollback(step, res, reason)
+                    continue
                 if not math.isfinite(res.loss):
-                    raise TrainingDiverged(
-                        f"training diverged at step {step} (loss {res.loss}): lower optim.lr or schedule.async_lr_scale")
-                prev = state["time_s"]
-                state.update(tokens=state["tokens"] + self.tokens_per_step, time_s=res.time_s, steps=step + 1)
-                step_time[step + 1] = res.time_s
-                self.heuristic.observe(Observation(step, res.phase, res.loss, res.time_s, res.time_s - prev, res.staleness_mean))
-                if step + self.lag < t.max_steps:
-                    self._decide(step + self.lag, log)
-                log.write(self._step_record(res, state["tokens"], time.perf_counter() - wall0))
-                ev = collect()
-                progress.update(res, ev, state["tokens"] / res.time_s if res.time_s > 0 else 0.0)
+                    raise TrainingDiverged(f"training diverged at step {step} (loss {res.loss}): lower optim.lr or "
+                                           f"schedule.async_lr_scale, or keep heuristic.guard=true")
+                self.guard.accept(res.loss)
+                ev = self._after_step(step, res)
+                progress.update(res, ev, self.st.tokens / self.st.time_s if self.st.time_s > 0 else 0.0)
+                step += 1
+                if t.checkpoint_every and step % t.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if self.guard.due(step - 1):
+                    self.guard.snapshots.append((step - 1, copy.deepcopy(self._full_state())))
                 if ev and t.stop_at_target and ev["val_ppl"] <= t.target_ppl:
-                    state["stopped"] = "target"
+                    self.st.stopped = "target"
                     break
-                if t.max_time_s and res.time_s >= t.max_time_s:
-                    state["stopped"] = "max_time"
+                if t.max_time_s and self.st.time_s >= t.max_time_s:
+                    self.st.stopped = "max_time"
                     break
-            if evals[-1]["step"] != state["steps"]:
-                self.runtime.evaluate_now(state["steps"])
-                collect()
+            if self.st.evals[-1]["step"] != self.st.steps:
+                rt.evaluate_now(self.st.steps)
+                self._collect()
+            if t.save_final and not (t.checkpoint_every and self.st.steps % t.checkpoint_every == 0):
+                self.save_checkpoint()
             progress.close()
-            summary = self._summary(log.records, evals, state, time.perf_counter() - wall0)
-            log.summary(summary)
+            summary = self._summary(self.log.records, self.st.evals, self.wall())
+            self.log.summary(summary)
         finally:
             progress.close()
             rt.close()
-            log.close()
-        self._plots(log.records)
+            self.log.close()
+        self._plots(self.log.records)
         return summary
 
-    def _decide(self, u: int, log: RunLog) -> None:
-        d = self.heuristic.decide(u)
+    def wall(self) -> float:
+        return self.st.wall_before + time.perf_counter() - self.wall0
+
+    def _after_step(self, step: int, res: StepResult) -> dict | None:
+        """Account, observe, decide ahead, log and collect evaluations of a finished step."""
+        st = self.st
+        time_s = res.time_s + st.offset
+        prev = st.time_s
+        st.tokens, st.time_s, st.steps = st.tokens + self.tokens_per_step, time_s, step + 1
+        st.step_time[step + 1] = time_s
+        self.heuristic.observe(Observation(step, res.phase, res.loss, time_s, time_s - prev, res.staleness_mean))
+        if step + self.lag < self.cfg.train.max_steps:
+            self._decide(step + self.lag)
+        self.log.write(self._step_record(res, time_s, st.tokens, self.wall()))
+        return self._collect()
+
+    def _collect(self) -> dict | None:
+        last = None
+        for version, loss in self.runtime.evaluations():
+            last = {"kind": "eval", "step": version, "val_loss": loss, "val_ppl": math.exp(min(loss, 50.0)),
+                    "time_s": self.st.step_time[version], "wall_s": self.wall(), "tokens": version * self.tokens_per_step}
+            self.log.write(last)
+            self.st.evals.append(last)
+        return last
+
+    def _decide(self, u: int) -> None:
+        if u < self.st.forced_until:
+            d = Decision(SYNC, "divergence guard cooldown")
+        else:
+            d = self.heuristic.decide(u)
         prev = self.plan.phases[u - 1] if u > 0 else None
         self.runtime.decide(u, d.phase)
         if prev is not None and d.phase != prev:
-            log.write({"kind": "event", "event": "switch", "step": u, "from": prev, "to": d.phase,
-                       "reason": d.reason, "decided_after_step": u - self.lag, **d.info})
+            self.log.write({"kind": "event", "event": "switch", "step": u, "from": prev, "to": d.phase,
+                            "reason": d.reason, "decided_after_step": u - self.lag, **d.info})
 
-    def _step_record(self, r: StepResult, tokens: int, wall: float) -> dict:
+    # -- state: the divergence guard and checkpoints ----------------------------------------------
+    def _full_state(self) -> dict:
+        """The run at the current step boundary: the pipeline and everything the loop knows."""
+        return {"pipeline": self.runtime.state_dict(), "trainer": self._trainer_state()}
+
+    def _trainer_state(self) -> dict:
+        run = copy.deepcopy(self.st.__dict__)
+        run["wall_before"] = self.wall()
+        return {"run": run, "phases": list(self.plan.phases),
+                "heuristic": copy.deepcopy(self.heuristic.state_dict()), "guard": self.guard.state_dict(),
+                "lines": len(self.log.records), "rng": torch.get_rng_state()}
+
+    def _load_state(self, state: dict) -> None:
+        tr = state["trainer"]
+        self.plan.phases[:] = tr["phases"]
+        self.heuristic.load_state_dict(copy.deepcopy(tr["heuristic"]))
+        self.guard.load_state_dict(tr["guard"])
+        torch.set_rng_state(tr["rng"])
+        self.runtime.load_state_dict(state["pipeline"])
+
+    def _rollback(self, step: int, res: StepResult, reason: str) -> int:
+        """Restore the last good state after step ``step`` tripped the guard; returns the next step."""
+        kept = self.guard.usable(step, self.lag)
+        if kept is None:
+            raise TrainingDiverged(f"training diverged at step {step} ({reason}) with no good state to go back to: "
+                                   f"lower optim.lr or schedule.async_lr_scale")
+        good, state = kept
+        while self.guard.snapshots and self.guard.snapshots[-1][0] > good:  # later ones led here
+            self.guard.snapshots.pop()
+        lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
+        run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
+        self._load_state(copy.deepcopy(state))
+        self.st = RunState(**copy.deepcopy(run))
+        self.st.offset += lost
+        self.st.forced_until = self.plan.decided() + self.guard.cooldown
+        self.guard.events += 1
+        self.log.truncate(state["trainer"]["lines"])
+        self.log.write({"kind": "event", "event": "guard", "step": step, "restored_step": good + 1, "reason": reason,
+                        "lost_time_s": lost, "sync_until_step": self.st.forced_until})
+        print(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}",
+              file=sys.stderr)
+        return good + 1
+
+    def save_checkpoint(self) -> Path:
+        state = self._full_state()
+        for stage in state["pipeline"]["stages"]:
+            if not all(bool(torch.isfinite(p).all()) for p in stage["params"]):
+                raise TrainingDiverged(f"refusing to write a checkpoint at step {self.st.steps}: stage "
+                                       f"{stage['stage']} has non-finite weights (training diverged)")
+        folder = checkpoint.begin(self.dir, self.st.steps)
+        parts = {"trainer": checkpoint.write_part(folder, "trainer", state["trainer"]),
+                 "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
+        meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": state["trainer"]["lines"],
+                "runtime": self.runtime.name}
+        return checkpoint.commit(self.dir, folder, self.st.steps, parts, meta, self.cfg.train.keep_checkpoints)
+
+    def _checkpoint_to_resume(self) -> tuple[Path, dict] | None:
+        if not self.cfg.train.resume:
+            return None
+        checkpoint.clean_partial(self.dir)
+        folder, manifest = checkpoint.load_latest(self.dir, warn=lambda m: print(m, file=sys.stderr))
+        diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(self.cfg, resolve=True))
+        if diff:
+            raise ConfigError(f"checkpoint {folder} belongs to another run: {diff[0]}"
+                              + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
+        return folder, manifest
+
+    def _restore(self, folder: Path, manifest: dict) -> None:
+        state = {name: checkpoint.read_part(folder, manifest, name) for name in ("trainer", "pipeline")}
+        self._load_state(state)
+        self.st = RunState(**state["trainer"]["run"])
+
+    def _step_record(self, r: StepResult, time_s: float, tokens: int, wall: float) -> dict:
         return {"kind": "step", "step": r.step, "phase": r.phase, "loss": r.loss, "lr": r.lr, "tokens": tokens,
-                "time_s": r.time_s, "wall_s": wall, "staleness": r.staleness_mean, "staleness_max": r.staleness_max,
+                "time_s": time_s, "wall_s": wall, "staleness": r.staleness_mean, "staleness_max": r.staleness_max,
                 "bubble": r.bubble, "grad_norm": r.grad_norm, "weight_versions": r.versions_max,
                 "activations": r.inflight_max}
 
-    def _summary(self, records: list[dict], evals: list[dict], state: dict, wall: float) -> dict:
+    def _summary(self, records: list[dict], evals: list[dict], wall: float) -> dict:
         cfg, t = self.cfg, self.cfg.train
         steps = [r for r in records if r.get("kind") == "step"]
         phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
@@ -215,7 +341,8 @@ class Trainer:
             prev = r["time_s"]
         reached = [e for e in evals if t.target_ppl and e["val_ppl"] <= t.target_ppl]
         final = evals[-1]
-        total = state["time_s"]
+        state = {"steps": self.st.steps, "tokens": self.st.tokens, "stopped": self.st.stopped}
+        total = self.st.time_s
         return {
             "method": method_label(cfg), "schedule": cfg.schedule.name,
             "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
@@ -234,6 +361,7 @@ class Trainer:
             "min_ppl": getattr(self.data, "min_ppl", None),
             "phases": phases, "async_fraction": phases["async"]["time_s"] / total if total > 0 else 0.0,
             "switches": sum(1 for r in records if r.get("event") == "switch"),
+            "guard_events": sum(1 for r in records if r.get("event") == "guard"),
             "predicted": {"sync_step_time": self.ctx.sync_step_time, "async_step_time": self.ctx.async_step_time,
                           "switch_time": self.ctx.switch_time},
             "memory": self.runtime.memory(),

@@ -26,7 +26,9 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    out = []
+    out: list[dict] = []
+    if not Path(path).exists():
+        return out
     for line in Path(path).read_text().splitlines():
         line = line.strip()
         if line:
@@ -40,11 +42,15 @@ def read_jsonl(path: Path) -> list[dict]:
 class RunLog:
     """Appends records to ``metrics.jsonl`` and mirrors them to wandb when configured."""
 
-    def __init__(self, run_dir: Path, logger_cfg, config: dict):
+    def __init__(self, run_dir: Path, logger_cfg, config: dict, keep_lines: int | None = None):
+        """A new ``metrics.jsonl``; or, resuming (``keep_lines``), the first ``keep_lines`` records of
+        the existing one, continued (records written after the checkpoint are dropped: the resumed
+        run writes them again)."""
         self.dir = Path(run_dir)
         self.path = self.dir / "metrics.jsonl"
-        self.records: list[dict] = []
-        self._f = open(self.path, "w", buffering=1)
+        self.records: list[dict] = read_jsonl(self.path)[:keep_lines] if keep_lines is not None else []
+        self._rewrite()
+        self._f = open(self.path, "a", buffering=1)
         self._wandb = None
         if logger_cfg.name == "wandb":
             import wandb
@@ -63,6 +69,18 @@ class RunLog:
             kind = rec.get("kind", "step")
             data = {f"{kind}/{k}": v for k, v in rec.items() if isinstance(v, (int, float)) and k != "step"}
             self._wandb.log(data, step=rec["step"])
+
+    def _rewrite(self) -> None:
+        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        os.replace(tmp, self.path)
+
+    def truncate(self, n: int) -> None:
+        """Keep only the first ``n`` records (the divergence guard's rollback)."""
+        self._f.close()
+        del self.records[n:]
+        self._rewrite()
+        self._f = open(self.path, "a", buffering=1)
 
     def summary(self, data: dict) -> None:
         data = {k: _clean(v) for k, v in data.items()}

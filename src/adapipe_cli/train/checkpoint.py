@@ -1,0 +1,158 @@
+"""Checkpoints on disk: written atomically, verified when read, the last few kept.
+
+Layout: ``RUN_DIR/checkpoints/step-0000123/`` holds one file per part (``trainer.pt``, and the
+pipeline's state: ``pipeline.pt`` from the local runtime, or ``stage-S.pt`` from each worker of
+the distributed one) and ``manifest.json``, written last, with every part's size and SHA-256. A
+checkpoint is built in a hidden temporary folder and renamed into place only once complete, so a
+crash at any moment leaves either no new checkpoint or a complete one. Reading verifies the
+manifest and every hash; a damaged checkpoint is reported and the previous one is used instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+MANIFEST = "manifest.json"
+PREFIX = "step-"
+
+# keys that may differ between a checkpoint and the run that resumes it: none of them changes the
+# numbers a run produces
+FREE_KEYS = {
+    "train.max_time_s", "train.target_ppl", "train.stop_at_target", "train.checkpoint_every",
+    "train.keep_checkpoints", "train.save_final", "train.resume", "train.progress",
+    "pipeline.threads", "pipeline.timeout_s", "pipeline.order", "pipeline.runtime", "pipeline.backend",
+    "pipeline.devices", "pipeline.profile", "pipeline.profile_reps", "data.cache_dir", "data.path",
+    "data.train", "data.valid",
+}
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that does not belong to this run; one line for the user."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def root(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def _test_delay() -> None:
+    """Tests that kill a run while it writes a checkpoint widen the window with
+    ``ADAPIPE_TEST_CHECKPOINT_DELAY`` (seconds, in the middle of every part)."""
+    delay = os.environ.get("ADAPIPE_TEST_CHECKPOINT_DELAY")
+    if delay:
+        time.sleep(float(delay))
+
+
+def begin(run_dir: Path, step: int) -> Path:
+    """A fresh temporary folder for the checkpoint of ``step``."""
+    tmp = root(run_dir) / f".tmp-{PREFIX}{step:07d}-{os.getpid()}-{time.monotonic_ns()}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def write_part(folder: Path, name: str, obj) -> dict:
+    """Serialise ``obj`` to ``folder/name.pt``; returns its manifest entry (size, SHA-256)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    data = buf.getvalue()
+    path = folder / f"{name}.pt"
+    with open(path, "wb") as f:
+        half = len(data) // 2
+        f.write(data[:half])
+        _test_delay()
+        f.write(data[half:])
+        f.flush()
+        os.fsync(f.fileno())
+    return {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def commit(run_dir: Path, folder: Path, step: int, parts: dict[str, dict], meta: dict, keep: int) -> Path:
+    """Write the manifest last, rename the folder into place, drop all but the newest ``keep``."""
+    manifest = {"step": step, "parts": parts, "created": time.time(), **meta}
+    with open(folder / MANIFEST, "w") as f:
+        json.dump(manifest, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    final = root(run_dir) / f"{PREFIX}{step:07d}"
+    if final.exists():  # the same step written again (a resumed run passing it once more)
+        shutil.rmtree(final)
+    os.rename(folder, final)
+    _fsync_dir(root(run_dir))
+    for old in complete(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def complete(run_dir: Path) -> list[Path]:
+    """Checkpoint folders with a manifest, oldest first (the manifest's presence is only a claim;
+    :func:`load_latest` verifies it)."""
+    r = root(run_dir)
+    if not r.is_dir():
+        return []
+    return sorted(p for p in r.iterdir() if p.name.startswith(PREFIX) and (p / MANIFEST).is_file())
+
+
+def clean_partial(run_dir: Path) -> None:
+    """Remove temporary folders left by an interrupted write."""
+    r = root(run_dir)
+    if r.is_dir():
+        for p in r.iterdir():
+            if p.name.startswith(".tmp-"):
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def verify(folder: Path) -> dict:
+    """The manifest of ``folder`` after checking every part's size and hash (raises otherwise)."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    for name, entry in manifest["parts"].items():
+        data = (folder / entry["file"]).read_bytes()
+        if len(data) != entry["bytes"] or hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(f"part {name} is damaged ({len(data)} of {entry['bytes']} bytes, or a different hash)")
+    return manifest
+
+
+def read_part(folder: Path, manifest: dict, name: str):
+    return torch.load(folder / manifest["parts"][name]["file"], weights_only=False)
+
+
+def load_latest(run_dir: Path, warn=print) -> tuple[Path, dict]:
+    """The newest checkpoint that verifies, as (folder, manifest); damaged ones are reported with
+    ``warn`` and skipped."""
+    for folder in reversed(complete(run_dir)):
+        try:
+            return folder, verify(folder)
+        except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+            warn(f"adapipe: checkpoint {folder.name} is unusable ({e}); falling back to the previous one")
+    raise CheckpointError(f"no complete checkpoint in {root(run_dir)}: nothing to resume")
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """Keys (dotted) whose values differ between two resolved configs, except :data:`FREE_KEYS`."""
+    out = []
+
+    def walk(a, b, prefix):
+        keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
+        if keys is None:
+            if a != b and prefix not in FREE_KEYS:
+                out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")
+            return
+        for k in sorted(keys):
+            walk(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+
+    walk(saved, current, "")
+    return out

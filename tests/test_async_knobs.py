@@ -1,0 +1,160 @@
+"""Async that pays: optimizers through every schedule, the transition warm-up, the divergence guard."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from adapipe_cli.cli.main import main
+from adapipe_cli.model import build_full_model
+from adapipe_cli.runtime.local import LocalRuntime
+from adapipe_cli.schedules import ASYNC, SYNC, Plan
+from adapipe_cli.schedules.mitigations import UpdatePolicy
+from adapipe_cli.train import checkpoint
+from adapipe_cli.train.loop import train
+from adapipe_cli.train.optim import StageOptimizer, is_hidden_matrix
+from conftest import TINY
+from helpers import GCFG, optim_cfg, sched_cfg
+
+SCHEDULES = [["schedule=1f1b"], ["schedule=gpipe"], ["schedule=pipedream"], ["schedule=2bw"],
+             ["schedule=pipedream", "schedule.weights=vertical"],
+             ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,10],[async,null]]"]]
+
+
+@pytest.mark.parametrize("optim", ["adamw", "nadamw", "muon"])
+@pytest.mark.parametrize("schedule", SCHEDULES, ids=lambda s: "-".join(x.split("=")[1] for x in s[:2]))
+def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg, tmp_path):
+    s = train(make_cfg(f"optim={optim}", *schedule, "pipeline.stages=2", "pipeline.microbatches=2",
+                       "train.max_steps=24", "train.eval_every=24", "optim.lr=3e-3"), tmp_path)
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["val_ppl"] for r in recs if r["kind"] == "eval"]
+    assert evals[-1] < 0.6 * evals[0], (optim, schedule, evals)
+    assert s["optimizer"] == optim
+
+
+def test_muon_gets_only_the_hidden_matrices():
+    model = build_full_model(GCFG, 0)
+    named = list(model.named_parameters())
+    opt = StageOptimizer(named, optim_cfg(name="muon"))
+    muon, adamw = opt.optimizers
+    assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+    in_muon = {id(p) for g in muon.param_groups for p in g["params"]}
+    names = {n for n, p in named if id(p) in in_muon}
+    assert names == {n for n, p in named if p.dim() == 2 and n.startswith("blocks.")}
+    assert all(".qkv.weight" in n or ".proj.weight" in n or ".fc.weight" in n for n in names)
+    assert not any(is_hidden_matrix(n, p) for n, p in named if "embed" in n or "head" in n or p.dim() == 1)
+    assert len(in_muon) + sum(len(g["params"]) for g in adamw.param_groups) == len(named)
+
+
+def test_transition_warmup_changes_lr_and_momentum_as_configured():
+    """After each switch into async, transition_steps steps ramp the learning rate from
+    transition_lr_scale to 1 and use transition_momentum; never in sync, nor when a run starts async."""
+    phases = [SYNC] * 3 + [ASYNC] * 6 + [SYNC] * 2 + [ASYNC] * 3
+    o = optim_cfg(decay="constant", warmup_steps=0)
+    c = sched_cfg(async_lr_scale=0.5, transition_steps=4, transition_lr_scale=0.25, transition_momentum=0.5)
+    pol = UpdatePolicy(o, c, Plan(len(phases), phases), len(phases))
+    got = [pol.update_scale(0, t, phases[t], 0.0) for t in range(len(phases))]
+    ramp = [0.25 + 0.75 * k / 4 for k in range(4)]
+    expect = ([(1.0, None)] * 3 + [(0.5 * r, 0.5) for r in ramp] + [(0.5, None)] * 2 + [(1.0, None)] * 2
+              + [(0.5 * r, 0.5) for r in ramp[:3]])
+    assert [g[0] for g in got] == pytest.approx([e[0] for e in expect])
+    assert [g[1] for g in got] == [e[1] for e in expect]
+    pure = UpdatePolicy(o, c, Plan(4, [ASYNC] * 4), 4)
+    assert [pure.update_scale(0, t, ASYNC, 0.0) for t in range(4)] == [(0.5, None)] * 4
+
+
+def test_transition_momentum_reaches_the_optimizer():
+    """The optimizer really steps with the overridden beta1 during a transition, and its own after."""
+    from helpers import local_runtime, make_data
+
+    phases = [SYNC, SYNC, ASYNC, ASYNC, ASYNC]
+    seen = []
+    rt = local_runtime(2, 1, phases, make_data(5), ocfg=optim_cfg(decay="constant", warmup_steps=0),
+                       scfg=sched_cfg(transition_steps=2, transition_momentum=0.3))
+    opt = rt.executors[0].opt.optimizers[0]
+    original = opt.step
+
+    def spy(*a, **k):
+        seen.append(opt.param_groups[0]["betas"][0])
+        return original(*a, **k)
+
+    opt.step = spy
+    for t in range(len(phases)):
+        rt.run_step(t)
+    assert seen == [0.9, 0.9, 0.3, 0.3, 0.9]
+
+
+# -- the divergence guard ----------------------------------------------------------------------
+
+def inject(monkeypatch, at: int, kind: str):
+    """Make step ``at`` report a NaN loss or a tenfold spike (only the first time it runs)."""
+    real = LocalRuntime.run_step
+    done = set()
+
+    def run_step(self, t):
+        res = real(self, t)
+        if t == at and t not in done:
+            done.add(t)
+            res.loss = float("nan") if kind == "nan" else res.loss * 10
+        return res
+
+    monkeypatch.setattr(LocalRuntime, "run_step", run_step)
+
+
+GUARDED = [*TINY, "schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=30",
+           "heuristic.guard_every=5", "heuristic.guard_cooldown=6"]
+
+
+@pytest.mark.parametrize("kind", ["nan", "spike"])
+def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeypatch, tmp_path):
+    inject(monkeypatch, 17, kind)
+    assert main(["train", *GUARDED, f"hydra.run.dir={tmp_path}"]) == 0
+    recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (ev,) = [r for r in recs if r.get("event") == "guard"]
+    assert ev["step"] == 17 and ev["restored_step"] in (11, 16) and ev["lost_time_s"] > 0
+    assert ("non-finite" in ev["reason"]) == (kind == "nan")
+    steps = {r["step"]: r for r in recs if r["kind"] == "step"}
+    assert sorted(steps) == list(range(30))  # the trajectory that survived, each step once
+    cooldown = [t for t in steps if steps[t]["phase"] == SYNC]
+    assert cooldown == list(range(ev["sync_until_step"] - 6, ev["sync_until_step"]))
+    assert cooldown[0] >= ev["restored_step"]
+    times = [steps[t]["time_s"] for t in range(30)]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    r = ev["restored_step"]  # the discarded steps' time stays on the clock
+    assert times[r] > times[r - 1] + ev["lost_time_s"] * 0.99
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["guard_events"] == 1 and summary["steps"] == 30
+
+
+def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys):
+    inject(monkeypatch, 12, "nan")
+    assert main(["train", *GUARDED, "heuristic.guard=false", f"hydra.run.dir={tmp_path}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "training diverged at step 12" in err[-1]
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, capsys):
+    """Weights that went NaN while the loss still looked fine are refused at the next checkpoint;
+    the checkpoints already written stay finite and loadable."""
+    real = LocalRuntime.run_step
+
+    def run_step(self, t):
+        res = real(self, t)
+        if t == 14:  # the last step before the checkpoint at 15
+            with torch.no_grad():
+                self.executors[0].params[0].fill_(float("nan"))
+        return res
+
+    monkeypatch.setattr(LocalRuntime, "run_step", run_step)
+    code = main(["train", *GUARDED, "heuristic.guard=false", "train.checkpoint_every=5", "train.keep_checkpoints=10",
+                 f"hydra.run.dir={tmp_path}"])
+    assert code == 1
+    assert "non-finite weights" in capsys.readouterr().err
+    folders = checkpoint.complete(tmp_path)
+    assert [f.name for f in folders] == ["step-0000005", "step-0000010"]
+    for f in folders:
+        state = checkpoint.read_part(f, checkpoint.verify(f), "pipeline")
+        assert all(torch.isfinite(p).all() for st in state["stages"] for p in st["params"])

@@ -1,0 +1,157 @@
+"""Checkpoints: exact resume, damaged checkpoints, foreign configs, and kills while writing."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from adapipe_cli.cli.main import main
+from adapipe_cli.train import checkpoint
+from conftest import TINY
+
+MIXED = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,4],[async,6],[sync,3],[async,null]]",
+         "pipeline.stages=4", "pipeline.microbatches=2", "schedule.mitigation=[predict]"]
+
+
+def records(run_dir):
+    return [{k: v for k, v in json.loads(x).items() if k != "wall_s"}
+            for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run(run_dir, *overrides):
+    return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
+
+
+@pytest.mark.parametrize("stop", [5, 10, 15])
+def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
+    whole = tmp_path / "whole"
+    assert run(whole, *MIXED, "train.max_steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=4") == 0
+    cut = tmp_path / "cut"
+    shutil.copytree(whole, cut)
+    for folder in checkpoint.complete(cut):  # as if the run had been stopped right after step `stop`
+        if int(folder.name.split("-")[1]) > stop:
+            shutil.rmtree(folder)
+    (cut / "summary.json").unlink()
+    assert main(["train", f"train.resume={cut}"]) == 0
+    assert records(cut) == records(whole)
+    s_whole, s_cut = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))
+    assert s_cut["time_s"] == s_whole["time_s"] and s_cut["final_val_ppl"] == s_whole["final_val_ppl"]
+
+
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert run(d, "schedule=pipedream", "pipeline.stages=2", "train.max_steps=12", "train.checkpoint_every=4",
+               "train.keep_checkpoints=3") == 0
+    newest = checkpoint.complete(d)[-1]
+    part = newest / "pipeline.pt"
+    part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])  # truncated
+    folder, manifest = checkpoint.load_latest(d, warn=print)
+    assert folder.name == "step-0000008" and manifest["step"] == 8
+    assert "step-0000012 is unusable" in capsys.readouterr().out
+    assert main(["train", f"train.resume={d}"]) == 0
+
+
+def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert run(d, "pipeline.stages=2", "train.max_steps=6", "train.checkpoint_every=3") == 0
+    capsys.readouterr()
+    before = {p.name: p.stat().st_mtime for p in d.rglob("*")}
+    assert main(["train", f"train.resume={d}", "pipeline.stages=4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pipeline.stages=2 in the checkpoint, 4 now" in err[0]
+    assert main(["train", f"train.resume={tmp_path / 'nothing'}"]) == 2
+    assert {p.name: p.stat().st_mtime for p in d.rglob("*") if p.name in before} == before  # nothing touched
+
+
+def test_final_state_only(tmp_path):
+    d = tmp_path / "run"
+    assert run(d, "train.max_steps=7", "train.checkpoint_every=0", "train.save_final=true") == 0
+    assert [f.name for f in checkpoint.complete(d)] == ["step-0000007"]
+    manifest = checkpoint.verify(checkpoint.complete(d)[0])
+    assert set(manifest["parts"]) == {"trainer", "pipeline"} and manifest["step"] == 7
+
+
+def _cli(args, env_extra=None):
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           **(env_extra or {})}
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    return subprocess.Popen([exe, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_while_writing(tmp_path, kills: int, seed: int):
+    """Start, SIGKILL at a random moment once checkpoints are being written (slowed down so that
+    most kills land inside a write), resume, repeat; finally let it finish."""
+    rng = random.Random(seed)
+    args = [*TINY, *MIXED, "train.max_steps=30", "train.checkpoint_every=1", "train.keep_checkpoints=2"]
+    whole = tmp_path / "whole"
+    assert run(whole, *args) == 0
+    d = tmp_path / "killed"
+    slow = {"ADAPIPE_TEST_CHECKPOINT_DELAY": "0.05"}
+    proc = _cli([*args, f"hydra.run.dir={d}", f"pipeline.profile={whole / 'profile.json'}"], slow)  # one clock
+    candidates = None  # the checkpoints a resume may use: the newest complete one or the one before
+    for _ in range(kills):
+        deadline = time.time() + 60
+        while not checkpoint.complete(d) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.05, 0.6))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        _check_resumed_from(proc.stderr.read(), candidates)
+        if (d / "summary.json").exists():
+            break
+        assert not [p for p in (d / "checkpoints").iterdir() if p.name.startswith("step-") and not _verifies(p)
+                    and (p / checkpoint.MANIFEST).exists() and p != checkpoint.complete(d)[-1]]
+        candidates = {f.name for f in checkpoint.complete(d)[-2:]}
+        assert candidates, "a kill left no checkpoint"
+        proc = _cli([f"train.resume={d}"], slow)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    _check_resumed_from(err, candidates)
+    assert records(d) == records(whole)
+
+
+def _check_resumed_from(stderr: str, candidates: set[str] | None) -> None:
+    lines = [line for line in stderr.splitlines() if "resumed from" in line]
+    if candidates is None:  # the first process started afresh
+        assert not lines
+        return
+    if lines:  # (a process killed very early may not have printed it yet)
+        used = lines[0].split("resumed from ")[1].split()[0].rsplit("/", 1)[1]
+        assert used in candidates, (used, candidates)
+
+
+def _verifies(folder) -> bool:
+    try:
+        checkpoint.verify(folder)
+        return True
+    except Exception:
+        return False
+
+
+def test_sigkill_while_writing_checkpoints(tmp_path):
+    _kill_while_writing(tmp_path, kills=3, seed=0)
+
+
+@pytest.mark.slow
+def test_sigkill_while_writing_checkpoints_many_times(tmp_path):
+    _kill_while_writing(tmp_path, kills=15, seed=1)
+
+
+def test_no_temporary_or_partial_checkpoint_is_ever_listed(tmp_path):
+    d = tmp_path / "run"
+    (d / "checkpoints" / ".tmp-step-0000009-1-2").mkdir(parents=True)
+    (d / "checkpoints" / "step-0000010").mkdir()  # no manifest: not complete
+    assert checkpoint.complete(d) == []
+    with pytest.raises(checkpoint.CheckpointError):
+        checkpoint.load_latest(d)
+    checkpoint.clean_partial(d)
+    assert not (d / "checkpoints" / ".tmp-step-0000009-1-2").exists()

@@ -121,13 +121,15 @@ def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
     assert not (tmp_path / "run").exists()  # rejected before anything is written
 
 
-@pytest.mark.parametrize("case", ["missing", "empty", "tiny"])
+@pytest.mark.parametrize("case", ["missing", "empty", "tiny", "smaller than a microbatch"])
 def test_bad_data_files(case, capsys, tmp_path):
     path = tmp_path / "train.txt"
     if case == "empty":
         path.write_text("")
     elif case == "tiny":
         path.write_text("to be or not")
+    elif case == "smaller than a microbatch":  # a few sequences, fewer than the 8 rows of a microbatch
+        path.write_text("the quick brown fox jumps over the lazy dog; " * 4)
     assert main(["train", *TINY, "data=text", f"data.train={path}", "data.vocab_size=300",
                  f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

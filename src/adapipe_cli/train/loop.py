@@ -85,7 +85,8 @@ class Trainer:
         t, p = cfg.train, cfg.pipeline
         self.data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
         self.micro = t.batch_size // p.microbatches
-        train_tokens = getattr(self.data, "train_tokens", None)
+        train_tokens = getattr(self.data, "train_tokens", None)  # the token array of a finite corpus
+        train_tokens = None if train_tokens is None else len(train_tokens)
         if train_tokens is not None and self.micro * (cfg.model.block_size + 1) > train_tokens:
             raise ConfigError(
                 f"a microbatch of {self.micro} x {cfg.model.block_size + 1} tokens is larger than the {train_tokens} "

@@ -52,7 +52,12 @@ TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=
 def test_heuristics_switch_and_reach_the_target(heuristic, make_cfg, tmp_path):
     """On 4 stages with one microbatch async has 4x sync's throughput on the pipeline clock and
     loses little per step on this data: both heuristics must adopt async, and reach the target."""
-    s = train(make_cfg(*TINY_ADAPIPE, f"heuristic={heuristic}"), tmp_path)
+    from adapipe_cli.simulator.clock import CostProfile
+
+    profile = tmp_path / "uniform.json"  # a fixed clock: the decisions must not depend on this machine's load
+    CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
+    s = train(make_cfg(*TINY_ADAPIPE, f"heuristic={heuristic}", f"pipeline.profile={profile}"), tmp_path / "run")
+    tmp_path = tmp_path / "run"
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     switches = [r for r in recs if r.get("event") == "switch"]
     adopted = [r for r in switches if r["to"] == ASYNC and "probe" not in r["reason"]]

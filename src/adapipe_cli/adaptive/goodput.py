@@ -40,12 +40,12 @@ class Goodput(Prober):
         async_t = median(t[ASYNC]) if t[ASYNC] else self.ctx.async_step_time
         return sync_t / async_t if async_t > 0 else 1.0
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict]:
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window))
         R = self.throughput_ratio(window)
         if rates is None or rates.sync <= 0:
-            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}
+            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, False
         e_hat = rates.async_ / rates.sync
         beta = 1.0 - c.smoothing
         self.E = e_hat if self.E is None else (1 - beta) * self.E + beta * e_hat
@@ -54,10 +54,10 @@ class Goodput(Prober):
         significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)
         info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "significant": significant}
         if significant and goodput > 1 + c.margin:
-            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin", info
+            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin", info, True
         if significant and goodput < 1 - c.margin:
-            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin", info
-        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info
+            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin", info, True
+        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info, False
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E}

@@ -7,8 +7,10 @@ been observed let ``judge`` (the heuristic's own rule) say which phase becomes c
 window [``window`` steps before the probe, the probe, the steps after it]. The current phase on
 both sides of the probe pins down the common trend of the loss curve (interpolation rather than
 extrapolation), which keeps the comparison's standard errors honest; the price is one extra
-round trip when a probe wins. A probe that loses doubles the interval (up to ``backoff`` x
-``probe_every``), so a phase that dominates costs little probing; a switch resets it.
+round trip when a probe wins. A clear verdict (significant and beyond the margin, either way)
+doubles the interval to the next probe, up to ``backoff`` x ``probe_every``: a phase that
+dominates costs little probing. An unclear one (near break-even, where the choice matters least
+but can change) resets it to ``probe_every``.
 
 Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``u - lag``).
 """
@@ -62,17 +64,16 @@ class Prober(Heuristic):
         if self.observed_through() < self.probe_start + 2 * c.probe_steps - 1:
             return Decision(self.current, "after probe")
         window = [o for o in self.history if o.step >= self.probe_start - c.window]
-        winner, reason, info = self.judge(window, self.current, probed)
+        winner, reason, info, clear = self.judge(window, self.current, probed)
         self.last_estimates = info
-        if winner != self.current:
-            self.current, self.interval = winner, c.probe_every
-        else:
-            self.interval = min(2 * self.interval, c.backoff * c.probe_every)
+        self.current = winner
+        self.interval = min(2 * self.interval, c.backoff * c.probe_every) if clear else c.probe_every
         self.mode, self.next_probe = "exploit", step + self.interval
         return Decision(self.current, reason, info)
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict]:
-        """Which phase becomes current, why, and the estimates behind it."""
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
+        """Which phase becomes current, why, the estimates behind it, and whether the verdict was
+        clear (significant and beyond the margin)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:

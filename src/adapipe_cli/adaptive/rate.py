@@ -28,11 +28,11 @@ from .probing import Prober
 class Rate(Prober):
     name = "rate"
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict]:
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [o.step_time for o in window])
         if rates is None:
-            return current, "too few observations to compare", {}
+            return current, "too few observations to compare", {}, False
         r = {"sync": rates.sync, "async": rates.async_}
         r_cur, r_new = r[current], r[probed]
         probe_times = [o.step_time for o in window if o.phase == probed]
@@ -41,5 +41,6 @@ class Rate(Prober):
         info = {"rate_sync": rates.sync, "rate_async": rates.async_, "rate_diff_se": rates.diff_se,
                 "needed_gain": needed, "window_steps": rates.n}
         if r_new - r_cur > needed:
-            return probed, f"{probed} rate {r_new:.4g}/s beats {current} {r_cur:.4g}/s by more than {needed:.3g}", info
-        return current, f"{current} kept: {probed} rate {r_new:.4g}/s vs {r_cur:.4g}/s (needed gain {needed:.3g})", info
+            return probed, f"{probed} rate {r_new:.4g}/s beats {current} {r_cur:.4g}/s by more than {needed:.3g}", info, True
+        clear = r_cur - r_new > c.margin * abs(r_cur) + c.confidence * rates.diff_se
+        return current, f"{current} kept: {probed} rate {r_new:.4g}/s vs {r_cur:.4g}/s (needed gain {needed:.3g})", info, clear

@@ -103,7 +103,7 @@ class HeuristicConfig:
     window: int = 30  # steps of the current phase compared with a probe (and the warm-up)
     probe_every: int = 100  # steps between probes of the other phase
     probe_steps: int = 20  # observed steps of a probe
-    backoff: int = 4  # a lost probe doubles the interval, up to backoff x probe_every
+    backoff: int = 8  # a clear verdict doubles the interval to the next probe, up to backoff x probe_every
     margin: float = 0.05  # relative gain a switch must promise beyond its cost
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
@@ -211,3 +211,39 @@ def register_simulate_config() -> None:
     """Register :class:`SimulateConfig` as ``base_simulate``, the schema of ``conf/simulate.yaml``."""
     register_configs()
     ConfigStore.instance().store(name="base_simulate", node=SimulateConfig)
+
+
+@dataclass
+class SweepTarget:
+    """The perplexity whose time-to-reach a sweep compares, decided before the methods run."""
+
+    rule: str = "sync_fraction"  # fixed | sync_fraction
+    ppl: Optional[float] = None  # fixed: the target
+    # sync_fraction: the median over seeds of the validation perplexity the baseline method has
+    # reached at this fraction of its step budget, per (depth, batch size)
+    fraction: float = 0.5
+    baseline: str = "sync"
+
+
+@dataclass
+class SweepConfig:
+    """``adapipe sweep``: a grid of runs (``conf/sweep/NAME.yaml``). A cell is one run: a depth, a
+    batch size of ``m`` microbatches of ``microbatch_size`` sequences, a method and a seed."""
+
+    name: str = "smoke"
+    dir: Optional[str] = None  # null: outputs/sweeps/<name>
+    stages: List[int] = field(default_factory=lambda: [2])
+    microbatch_size: int = 2  # sequences per microbatch; train.batch_size = microbatch_size x m
+    microbatches: List[int] = field(default_factory=lambda: [1])
+    methods: Dict[str, List[str]] = field(default_factory=dict)  # name -> overrides, e.g. [schedule=1f1b]
+    seeds: List[int] = field(default_factory=lambda: [0])
+    fixed: List[str] = field(default_factory=list)  # overrides every cell gets (model, data, steps...)
+    target: SweepTarget = field(default_factory=SweepTarget)
+    compare: str = "adapipe"  # the method whose speedups over the others the report gives
+    profile: bool = True  # measure one cost profile per depth and give it to every cell (local runtime)
+    curves: Optional[str] = None  # the (depth, batch size) whose curves the report draws, e.g. p8_b4
+
+
+def register_sweep_config() -> None:
+    """Register :class:`SweepConfig` as ``sweep/base``, the schema of ``conf/sweep/*.yaml``."""
+    ConfigStore.instance().store(group="sweep", name="base", node=SweepConfig)

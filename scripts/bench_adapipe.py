@@ -1,0 +1,172 @@
+"""Time-to-perplexity of sync, async and AdaPipe on the pipeline clock (the method comparison).
+
+For every cell (data, optimizer, depth p, microbatches m) the script
+
+1. runs sync 1F1B (seed 0 first: its measured cost profile becomes the cell's one clock, reused by
+   every other run of the cell through ``pipeline.profile``), for every seed;
+2. fixes the cell's target before any other method runs: the validation perplexity that sync
+   reaches (median over seeds) at ``--target-at`` of its step budget;
+3. runs async (PipeDream with its mitigation; 2BW where m >= p - 1) and AdaPipe (rate, goodput);
+4. prints and writes (``results.json``, ``results.md``) the median time-to-target per method, its
+   spread over seeds and its ratio to sync. A method that never reaches the target is marked with
+   its best perplexity.
+
+Example (the README's table): python scripts/bench_adapipe.py --out outputs/bench_adapipe
+Quick check: python scripts/bench_adapipe.py --data synthetic --optims adamw --depths 4 --micro 1 --seeds 1 --steps 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
+
+DATA = {
+    "synthetic": ["data=synthetic"],
+    "tinyshakespeare": ["data=tinyshakespeare", f"data.path={os.environ.get('ADAPIPE_SHAKESPEARE', SHARED / 'tinyshakespeare')}"],
+}
+# async mitigations chosen per optimizer from exploration runs (see the README's results section)
+MITIGATION = {"adamw": "[predict]", "nadamw": "[predict]", "muon": "[]"}
+
+
+def methods(optim: str, p: int, m: int) -> dict[str, list[str]]:
+    mit = f"schedule.mitigation={MITIGATION[optim]}"
+    out = {
+        "sync": ["schedule=1f1b"],
+        "pipedream": ["schedule=pipedream", mit],
+        "adapipe-rate": ["schedule=adapipe", "heuristic=rate", mit],
+        "adapipe-goodput": ["schedule=adapipe", "heuristic=goodput", mit],
+    }
+    if m >= p - 1:
+        out["2bw"] = ["schedule=2bw", mit]
+        for h in ("adapipe-rate", "adapipe-goodput"):
+            out[f"{h}-2bw"] = out[h] + ["schedule.async=2bw"]
+    return out
+
+
+def run_one(job: tuple[str, list[str]]) -> dict:
+    """One training run in this worker process; returns its summary and eval curve."""
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+    from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.train.loop import train
+
+    run_dir, overrides = job
+    summary_file = Path(run_dir) / "summary.json"
+    if summary_file.is_file():  # resumable: a finished run is not repeated
+        summary = json.loads(summary_file.read_text())
+    else:
+        summary = train(compose_config(overrides), Path(run_dir))
+    evals = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    curve = [(r["time_s"], r["val_ppl"]) for r in evals if r.get("kind") == "eval"]
+    return {"dir": run_dir, "summary": summary, "curve": curve}
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, ppl in curve if ppl <= target), None)
+
+
+def ppl_at(curve: list[tuple[float, float]], frac: float) -> float:
+    """Validation perplexity at the evaluation closest to ``frac`` of the run's last evaluation time."""
+    t_end = curve[-1][0]
+    return min(curve, key=lambda c: abs(c[0] - frac * t_end))[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(REPO / "outputs" / "bench_adapipe"))
+    ap.add_argument("--data", nargs="+", default=["synthetic", "tinyshakespeare"], choices=list(DATA))
+    ap.add_argument("--optims", nargs="+", default=["adamw", "muon"])
+    ap.add_argument("--depths", nargs="+", type=int, default=[4, 8])
+    ap.add_argument("--micro", nargs="+", type=int, default=[1, 8], help="microbatches per step")
+    ap.add_argument("--micro-size", type=int, default=4, help="sequences per microbatch")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--target-at", type=float, default=0.7, help="fraction of sync's budget that sets the target")
+    ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    ap.add_argument("--model", default="gpt-micro")
+    args = ap.parse_args()
+    out = Path(args.out)
+    rows = []
+    t0 = time.time()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for data in args.data:
+            for optim in args.optims:
+                for p in args.depths:
+                    for m in args.micro:
+                        rows += bench_cell(pool, out, args, data, optim, p, m, t0)
+                        write(out, rows)
+    print(f"\nwrote {out / 'results.md'} and results.json ({time.time() - t0:.0f}s)")
+
+
+def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0: float) -> list[dict]:
+    cell = f"{data}_{optim}_p{p}_m{m}"
+    base = [f"model={args.model}", *DATA[data], f"optim={optim}", f"pipeline.stages={p}", f"pipeline.microbatches={m}",
+            f"train.batch_size={args.micro_size * m}", f"train.max_steps={args.steps}",
+            f"train.eval_every={max(1, args.steps // 30)}", "pipeline.threads=1", "train.progress=off"]
+    ms = methods(optim, p, m)
+    first = run_one((str(out / cell / "sync_s0"), base + ms["sync"] + ["seed=0"]))
+    profile = str(Path(first["dir"]) / "profile.json")
+    shared = base + [f"pipeline.profile={profile}"]
+    jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in range(1, args.seeds)]
+    sync_runs = [first] + list(pool.map(run_one, jobs))
+    target = statistics.median(ppl_at(r["curve"], args.target_at) for r in sync_runs)
+    jobs = [(str(out / cell / f"{name}_s{s}"), shared + ov + [f"seed={s}"])
+            for name, ov in ms.items() if name != "sync" for s in range(args.seeds)]
+    results = {"sync": sync_runs}
+    for job, res in zip(jobs, pool.map(run_one, jobs)):
+        results.setdefault(Path(job[0]).name.rsplit("_s", 1)[0], []).append(res)
+    rows = []
+    ttt_sync = median_ttt(results["sync"], target)
+    print(f"\n{cell}: target ppl {target:.2f} (sync at {args.target_at:.0%} of its budget)   [{time.time() - t0:.0f}s]")
+    print(f"  {'method':<22} {'ttt median':>10} {'spread':>17} {'vs sync':>8} {'async frac':>10} {'switches':>8}")
+    for name, runs in results.items():
+        ttts = [time_to(r["curve"], target) for r in runs]
+        med = median_ttt(runs, target)
+        reached = [x for x in ttts if x is not None]
+        spread = f"{min(reached):.2f}-{max(reached):.2f}" if reached else "-"
+        best = min(min(ppl for _, ppl in r["curve"]) for r in runs)
+        ratio = med / ttt_sync if med is not None and ttt_sync else None
+        af = statistics.median(r["summary"]["async_fraction"] for r in runs)
+        sw = statistics.median(r["summary"]["switches"] for r in runs)
+        shown = f"{med:.2f}" if med is not None else f"n/r({best:.1f})"
+        print(f"  {name:<22} {shown:>10} {spread:>17} {(f'{ratio:.3f}' if ratio else '-'):>8} {af:>10.2f} {sw:>8.1f}")
+        rows.append({"cell": cell, "data": data, "optim": optim, "stages": p, "microbatches": m, "target_ppl": target,
+                     "method": name, "ttt_median": med, "ttt_all": ttts, "ratio_to_sync": ratio, "best_ppl": best,
+                     "async_fraction": af, "switches": sw, "reached": len(reached), "runs": len(runs)})
+    sys.stdout.flush()
+    return rows
+
+
+def median_ttt(runs: list[dict], target: float) -> float | None:
+    """Median time-to-target over seeds; None unless more than half the seeds reached it."""
+    ttts = [time_to(r["curve"], target) for r in runs]
+    reached = sorted(x for x in ttts if x is not None)
+    if len(reached) * 2 <= len(ttts):
+        return None
+    ttts = sorted(x if x is not None else float("inf") for x in ttts)
+    return statistics.median(ttts)
+
+
+def write(out: Path, rows: list[dict]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(rows, indent=1))
+    lines = ["| data | optim | p | m | target | method | ttt (s, median) | vs sync | async frac | switches |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ttt = f"{r['ttt_median']:.2f}" if r["ttt_median"] is not None else f"not reached (best {r['best_ppl']:.1f})"
+        ratio = f"{r['ratio_to_sync']:.3f}" if r["ratio_to_sync"] else "-"
+        lines.append(f"| {r['data']} | {r['optim']} | {r['stages']} | {r['microbatches']} | {r['target_ppl']:.2f} | "
+                     f"{r['method']} | {ttt} | {ratio} | {r['async_fraction']:.2f} | {r['switches']:.0f} |")
+    (out / "results.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

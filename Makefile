@@ -34,6 +34,13 @@ bench: install
 	$(OFFLINE) $(PY) scripts/bench_local.py
 	$(OFFLINE) $(PY) scripts/bench_sim.py
 
+# a sweep resumes where it stopped: rerun the same target after an interruption
+reproduce-smoke: install
+	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=smoke $(ARGS)
+
+reproduce: install
+	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=cpu $(ARGS)
+
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache $(VENV)
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

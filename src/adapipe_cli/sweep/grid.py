@@ -1,0 +1,156 @@
+"""A grid: the ``conf/sweep/NAME.yaml`` composed with the command line's overrides, and its cells.
+
+A cell is one run: depth p, m microbatches of a fixed microbatch size (batch size =
+microbatch_size x m, so that every method of a depth shares one cost profile), a method (a named
+list of overrides, e.g. ``adapipe: [schedule=adapipe, heuristic=goodput]``) and a seed. Its name,
+``p4_b16_adapipe_s0``, is also its run directory under the sweep directory. A *setting* is a
+(depth, batch size) pair, ``p4_b16``: the methods and seeds of one setting are compared on one
+clock and one target.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from ..config import ConfigError, conf_dir
+from ..config.schema import register_sweep_config
+
+# keys the sweep sets for every cell; the grid's axes and its target rule choose them
+RESERVED = {
+    "pipeline.stages": "sweep.stages", "pipeline.microbatches": "sweep.microbatches",
+    "train.batch_size": "sweep.microbatch_size and sweep.microbatches", "seed": "sweep.seeds",
+    "train.target_ppl": "sweep.target", "pipeline.profile": "sweep.profile",
+}
+TARGET_RULES = ("fixed", "sync_fraction")
+
+
+def shared_data(name: str) -> str:
+    """``${adapipe.shared_data:NAME}`` in a grid: ``$ADAPIPE_SHARED_DATA/NAME``, else ``NAME`` in
+    the ``shared/data`` folder beside the checkout (``../shared/data`` from the repository root)."""
+    root = os.environ.get("ADAPIPE_SHARED_DATA") or str(conf_dir().parent.parent / "shared" / "data")
+    return str(Path(root) / name)
+
+
+def override_key(override: str) -> str:
+    """The key an override sets: ``+model.n_layer=2`` -> ``model.n_layer``."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def merge_overrides(*lists: list[str]) -> list[str]:
+    """One override per key, a later list's winning (Hydra would apply both, the last last)."""
+    merged: dict[str, str] = {}
+    for overrides in lists:
+        for o in overrides:
+            merged.pop(override_key(o), None)
+            merged[override_key(o)] = o
+    return list(merged.values())
+
+
+@dataclass(frozen=True)
+class Cell:
+    stages: int
+    microbatches: int
+    batch_size: int
+    method: str
+    seed: int
+
+    @property
+    def setting(self) -> str:
+        return f"p{self.stages}_b{self.batch_size}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting}_{self.method}_s{self.seed}"
+
+
+class Grid:
+    """The resolved grid (``self.cfg``: the sweep node) and the overrides the user added for every cell."""
+
+    def __init__(self, cfg, extra: list[str]):
+        self.cfg = cfg
+        self.name: str = cfg.name
+        self.dir = Path(cfg.dir or Path("outputs") / "sweeps" / cfg.name).resolve()
+        self.methods: dict[str, list[str]] = {k: list(v) for k, v in cfg.methods.items()}
+        self.fixed = merge_overrides(list(cfg.fixed), extra)
+        self._check(extra)
+
+    def _check(self, extra: list[str]) -> None:
+        c, t = self.cfg, self.cfg.target
+
+        def need(cond: bool, msg: str) -> None:
+            if not cond:
+                raise ConfigError(msg)
+
+        need(c.stages and c.microbatches and c.seeds and self.methods,
+             "sweep.stages, sweep.microbatches, sweep.seeds and sweep.methods must not be empty")
+        need(c.microbatch_size >= 1, f"sweep.microbatch_size must be positive (got {c.microbatch_size})")
+        for name in self.methods:
+            need(re.fullmatch(r"[A-Za-z0-9-]+", name) is not None,
+                 f"method name {name!r}: use letters, digits and '-' (it is part of run directory names)")
+        for o in [*extra, *c.fixed, *(o for v in self.methods.values() for o in v)]:
+            key = override_key(o)
+            need(key not in RESERVED and not key.startswith("hydra.sweep"),
+                 f"{key} is set by the sweep for every cell: use {RESERVED.get(key, 'sweep.dir')} instead")
+        methods = ", ".join(self.methods)
+        need(c.compare in self.methods, f"sweep.compare={c.compare} is not one of the methods ({methods})")
+        need(t.rule in TARGET_RULES, f"unknown sweep.target.rule={t.rule!r}: use fixed or sync_fraction")
+        if t.rule == "fixed":
+            need(t.ppl is not None and t.ppl > 1, "sweep.target.rule=fixed needs sweep.target.ppl > 1")
+        else:
+            need(0 < t.fraction <= 1, f"sweep.target.fraction must be in (0, 1] (got {t.fraction})")
+            need(t.baseline in self.methods,
+                 f"sweep.target.baseline={t.baseline} is not one of the methods ({methods})")
+
+    def cells(self) -> list[Cell]:
+        """Every cell, depth-major: for each depth, batch size, method and seed."""
+        c = self.cfg
+        return [Cell(p, m, c.microbatch_size * m, method, s)
+                for p in c.stages for m in c.microbatches for method in self.methods for s in c.seeds]
+
+    def overrides(self, cell: Cell, profile: Path | None = None, target: float | None = None) -> list[str]:
+        """The overrides of ``adapipe train`` that run ``cell``."""
+        axes = [f"pipeline.stages={cell.stages}", f"pipeline.microbatches={cell.microbatches}",
+                f"train.batch_size={cell.batch_size}", f"seed={cell.seed}"]
+        if profile is not None:
+            axes.append(f"pipeline.profile={profile}")
+        if target is not None:
+            axes.append(f"train.target_ppl={target!r}")
+        return merge_overrides(self.fixed, self.methods[cell.method], axes)
+
+    def definition(self) -> dict:
+        """What the runs of a cell depend on besides its axes: a sweep directory resumed with another
+        definition would mix incomparable runs."""
+        return {"fixed": self.fixed, "methods": self.methods, "microbatch_size": self.cfg.microbatch_size,
+                "target": OmegaConf.to_container(self.cfg.target), "profile": self.cfg.profile}
+
+
+def compose_grid(overrides: list[str]):
+    """The composed sweep node for ``sweep=NAME`` and ``sweep.KEY=VALUE`` overrides (Hydra's errors)."""
+    from ..cli.compose import compose_config
+
+    register_sweep_config()
+    if not OmegaConf.has_resolver("adapipe.shared_data"):
+        OmegaConf.register_new_resolver("adapipe.shared_data", shared_data)
+    return compose_config(overrides, config_name=None).sweep
+
+
+def load_grid(args: list[str]) -> Grid:
+    """The grid of ``adapipe sweep`` arguments: ``sweep=NAME``, ``sweep.KEY=VALUE`` overrides of the
+    grid (``+sweep.methods.NAME=[...]`` adds a method), and training overrides given to every cell.
+    Raises Hydra's errors and ConfigError."""
+    names = [a for a in args if a.split("=", 1)[0] == "sweep"]
+    if not names:
+        raise ConfigError(f"name a grid: adapipe sweep sweep=NAME (one of {', '.join(grid_names())})")
+    of_grid = [a for a in args if override_key(a).startswith("sweep.")]
+    cfg = compose_grid([f"+{a}" for a in names] + of_grid)
+    OmegaConf.resolve(cfg)
+    return Grid(cfg, [a for a in args if a not in names and a not in of_grid])
+
+
+def grid_names() -> list[str]:
+    return sorted(p.stem for p in (conf_dir() / "sweep").glob("*.yaml"))

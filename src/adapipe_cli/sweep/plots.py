@@ -1,0 +1,101 @@
+"""The sweep's plots: ``speedup.png`` (heatmap of one method's speedup over another, depth x batch
+size), ``ttp.png`` (time-to-target bars per setting and method, seed spread as error bars) and
+``curves_pP_bB.png`` (validation perplexity against time of one setting, every method and seed)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.colors import TwoSlopeNorm  # noqa: E402
+
+from .markdown import fmt_speedup  # noqa: E402
+from .results import MethodStats, speedup  # noqa: E402
+
+
+def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: str, over: str, clock: str,
+                 path: Path) -> None:
+    """Heatmap of median ttt(over) / median ttt(compare): rows depths, columns batch sizes; cells
+    annotated, bounds with > or <, grey where neither reached the target."""
+    depths = sorted({p for p, _ in stats})
+    batches = sorted({b for _, b in stats})
+    values = [[math.nan] * len(batches) for _ in depths]
+    labels = [[""] * len(batches) for _ in depths]
+    for (p, b), by_method in stats.items():
+        s = speedup(by_method[compare], by_method[over])
+        values[depths.index(p)][batches.index(b)] = s[1] if s else math.nan
+        labels[depths.index(p)][batches.index(b)] = fmt_speedup(s)
+    finite = [v for row in values for v in row if math.isfinite(v)]
+    span = max([abs(v - 1) for v in finite] + [0.05])
+    fig, ax = plt.subplots(figsize=(1.3 * len(batches) + 2.2, 0.9 * len(depths) + 1.6))
+    cmap = plt.get_cmap("RdBu").with_extremes(bad="#dddddd")
+    im = ax.imshow(values, cmap=cmap, norm=TwoSlopeNorm(1.0, 1 - span, 1 + span), aspect="auto", origin="lower")
+    for i in range(len(depths)):
+        for j in range(len(batches)):
+            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=10)
+    ax.set_xticks(range(len(batches)), [str(b) for b in batches])
+    ax.set_yticks(range(len(depths)), [str(p) for p in depths])
+    ax.set_xlabel("batch size (sequences)")
+    ax.set_ylabel("pipeline depth p")
+    ax.set_title(f"speedup of {compare} over {over}\n(median time to target, {clock})", fontsize=10)
+    fig.colorbar(im, ax=ax, label=f"ttt({over}) / ttt({compare})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list[str], clock: str, path: Path) -> None:
+    """Bars of median time-to-target per setting and method, min-max over seeds as error bars; a
+    method that did not reach the target is a hatched bar up to the time it ran, labelled n.r."""
+    keys = list(stats)
+    width = 0.8 / len(methods)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(keys) * len(methods) + 2), 4.2))
+    for k, method in enumerate(methods):
+        color = f"C{k}"
+        for i, key in enumerate(keys):
+            s = stats[key][method]
+            x = i - 0.4 + width * (k + 0.5)
+            if s.runs == 0:
+                continue
+            if s.ok:
+                top = s.ttt_max if math.isfinite(s.ttt_max) else s.ttt_median  # an unreached seed has no bar top
+                err = [[s.ttt_median - s.ttt_min], [top - s.ttt_median]]
+                ax.bar(x, s.ttt_median, width, color=color, yerr=err, capsize=2, label=method if i == 0 else None)
+            else:
+                ax.bar(x, s.ttt_lower, width, color="white", edgecolor=color, hatch="//",
+                       label=method if i == 0 else None)
+                ax.text(x, s.ttt_lower, "n.r.", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.set_xticks(range(len(keys)), [f"p{p}\nb{b}" for p, b in keys])
+    ax.set_yscale("log")
+    ax.set_ylabel(f"time to target (s, {clock})")
+    ax.set_title("time to target perplexity: median over seeds, min–max bars")
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], target: float | None, clock: str, title: str,
+                        path: Path) -> None:
+    """Validation perplexity against time: ``curves`` maps each method to its (seed, eval records)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for k, (method, runs) in enumerate(curves.items()):
+        for n, (seed, records) in enumerate(runs):
+            ax.plot([r["time_s"] for r in records], [r["val_ppl"] for r in records], color=f"C{k}", alpha=0.85,
+                    lw=1.2, marker="o", ms=2, label=method if n == 0 else None)
+    if target:
+        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.4g}")
+    ax.set_xlabel(f"time_s ({clock})")
+    ax.set_ylabel("validation perplexity")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

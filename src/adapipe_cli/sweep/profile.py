@@ -1,0 +1,40 @@
+"""One cost profile per (model, depth, microbatch size), measured once and given to every run.
+
+The pipeline clock of the local runtime times each action from a cost profile measured at the
+start of a run. Runs measured separately would each have their own clock, a few percent apart from
+noise alone, which is the size of the differences a sweep compares. So the sweep measures the
+profile of each depth once, the way a run does (:func:`..runtime.profile.measure_profile` on the
+run's stages and a microbatch of its data), and every run of that depth gets
+``pipeline.profile=FILE``: every method and seed of a depth is timed on the same clock.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..data import build_data
+from ..runtime.profile import measure_profile
+from ..simulator.clock import CostProfile
+from ..train import build
+from ..train.optim import StageOptimizer
+
+
+def measure_depth_profile(cfg, path: Path) -> CostProfile:
+    """Measure the profile of the stages ``cfg`` builds, with microbatches of ``cfg.train.batch_size
+    / cfg.pipeline.microbatches`` sequences, and save it to ``path``."""
+    if cfg.pipeline.threads > 0:
+        torch.set_num_threads(cfg.pipeline.threads)
+    torch.manual_seed(cfg.seed)
+    data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
+    stages, _ = build.make_stages(cfg, build.model_config(cfg, data.vocab_size))
+    micro = cfg.train.batch_size // cfg.pipeline.microbatches
+    x, y = build.Batches(data, micro, 1)(0, 0)
+    meta = {"model": cfg.model.name, "stages": cfg.pipeline.stages, "microbatch_size": micro,
+            "seq_len": cfg.model.block_size, "threads": torch.get_num_threads()}
+    profile = measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
+                              reps=cfg.pipeline.profile_reps, meta=meta)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(path)
+    return profile

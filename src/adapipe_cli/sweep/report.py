@@ -1,0 +1,73 @@
+"""``adapipe report SWEEP_DIR``: ``results.csv``, ``results.md`` and the plots of a sweep, from
+its ``sweep.json`` and its runs' summaries and metrics. Works on a partial sweep: failed and
+missing runs are listed, never silently dropped."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ..config import ConfigError
+from . import plots
+from .markdown import render
+from .results import clock_label, collect, table, write_csv
+from .state import STATE, read_json
+from .target import evals
+
+
+def load_state(sweep_dir: Path) -> dict:
+    if not sweep_dir.is_dir():
+        raise ConfigError(f"sweep directory {sweep_dir} does not exist: give the directory adapipe sweep wrote "
+                          f"(outputs/sweeps/NAME by default)")
+    state = read_json(sweep_dir / STATE)
+    if state is None:
+        raise ConfigError(f"{sweep_dir} is not a sweep directory (no readable {STATE}): give the directory "
+                          f"adapipe sweep wrote")
+    return state
+
+
+def curves_setting(state: dict, rows: list[dict], choice: str | None) -> tuple[int, int]:
+    """The (depth, batch size) whose curves to draw: ``choice`` (``p8_b4`` or a cell name such as
+    ``p8_b4_sync_s0``), the grid's ``curves``, else the deepest pipeline at its smallest batch, where
+    a synchronous pipeline's bubble is largest."""
+    choice = choice or state.get("curves")
+    settings = sorted({(r["stages"], r["batch_size"]) for r in rows})
+    if choice:
+        m = re.match(r"p(\d+)_b(\d+)", choice)
+        key = (int(m.group(1)), int(m.group(2))) if m else None
+        if key not in settings:
+            raise ConfigError(f"--cell {choice}: not a setting of this sweep; use one of "
+                              f"{', '.join(f'p{p}_b{b}' for p, b in settings)}")
+        return key
+    deepest = max(p for p, _ in settings)
+    return deepest, min(b for p, b in settings if p == deepest)
+
+
+def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
+    """Write the report files into ``sweep_dir``; returns their paths."""
+    sweep_dir = Path(sweep_dir)
+    state = load_state(sweep_dir)
+    rows = collect(sweep_dir, state)
+    p, b = curves_setting(state, rows, cell)
+    out = [sweep_dir / "results.csv", sweep_dir / "results.md"]
+    write_csv(rows, out[0])
+    out[1].write_text(render(state, rows))
+    if not any(r["status"] == "done" for r in rows):
+        return out
+    methods, compare = state["methods"], state["compare"]
+    stats = table(rows, methods)
+    clock = clock_label(next(r["clock"] for r in rows if r["clock"]))
+    baseline = state["definition"]["target"].get("baseline")
+    over = baseline if baseline in methods and baseline != compare else next((m for m in methods if m != compare), None)
+    if over is not None:
+        out.append(sweep_dir / "speedup.png")
+        plots.plot_speedup(stats, compare, over, clock, out[-1])
+    out.append(sweep_dir / "ttp.png")
+    plots.plot_ttt(stats, methods, clock, out[-1])
+    here = [r for r in rows if r["stages"] == p and r["batch_size"] == b and r["status"] == "done"]
+    curves = {m: [(r["seed"], evals(sweep_dir / r["cell"])) for r in here if r["method"] == m] for m in methods}
+    target = next((r["target_ppl"] for r in here), None)
+    out.append(sweep_dir / f"curves_p{p}_b{b}.png")
+    plots.plot_setting_curves({m: c for m, c in curves.items() if c}, target, clock,
+                              f"{state['name']}: depth {p}, batch size {b}", out[-1])
+    return out

@@ -1,0 +1,85 @@
+"""What a sweep directory knows: ``sweep.json`` (the grid, its cells, the cost profile of each
+depth and the target of each setting, written before the runs that use them) and the status of
+each cell's run directory.
+
+A cell is *done* when its ``summary.json`` says ``completed: true``; *failed* when its directory
+holds an ``error.txt`` (written by ``adapipe train`` in a multirun) or an incomplete run; *missing*
+when it has no directory. Rerunning a sweep skips done cells and runs the others.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import ConfigError
+from ..train.metrics import write_json
+from .grid import Cell, Grid
+
+STATE = "sweep.json"
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def cell_status(run_dir: Path) -> tuple[str, str]:
+    """(``done`` | ``failed`` | ``missing``, a reason for a failed cell)."""
+    run_dir = Path(run_dir)
+    summary = read_json(run_dir / "summary.json")
+    if summary and summary.get("completed"):
+        return "done", ""
+    if not run_dir.is_dir():
+        return "missing", ""
+    error = run_dir / "error.txt"
+    if error.is_file():
+        lines = error.read_text().strip().splitlines()
+        return "failed", lines[-1] if lines else "error"
+    return "failed", "no complete summary.json (interrupted or crashed)"
+
+
+class SweepState:
+    """``sweep.json`` of one sweep directory; every change is written at once (atomically)."""
+
+    def __init__(self, grid: Grid):
+        self.grid, self.path = grid, grid.dir / STATE
+        old = read_json(self.path) or {}
+        if old and old.get("definition") != grid.definition():
+            changed = sorted(k for k, v in grid.definition().items() if old["definition"].get(k) != v)
+            raise ConfigError(f"{grid.dir} holds a sweep with other {', '.join(changed)}: "
+                              f"give another sweep.dir, or delete it to start again")
+        self.profiles: dict[str, str] = old.get("profiles", {})
+        self.targets: dict[str, dict] = old.get("targets", {})
+        grid.dir.mkdir(parents=True, exist_ok=True)
+        self.save()
+
+    def save(self) -> None:
+        g = self.grid
+        write_json(self.path, {
+            "name": g.name, "definition": g.definition(), "methods": list(g.methods),
+            "compare": g.cfg.compare, "curves": g.cfg.curves,
+            "cells": [{"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()],
+            "profiles": self.profiles, "targets": self.targets,
+        })
+
+    def profile(self, stages: int) -> Path | None:
+        path = self.profiles.get(f"p{stages}")
+        return Path(path) if path and Path(path).is_file() else None
+
+    def set_profile(self, stages: int, path: Path) -> None:
+        self.profiles[f"p{stages}"] = str(path)
+        self.save()
+
+    def target(self, setting: str) -> float | None:
+        return self.targets.get(setting, {}).get("ppl")
+
+    def set_target(self, setting: str, record: dict) -> None:
+        self.targets[setting] = record
+        self.save()
+
+    def status(self, cell: Cell) -> tuple[str, str]:
+        return cell_status(self.grid.dir / cell.name)

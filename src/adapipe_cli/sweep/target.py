@@ -1,0 +1,50 @@
+"""The target perplexity of a setting and the time each run takes to reach it.
+
+Time-to-target is read from a run's evaluation records, not from its summary: the first
+evaluation with ``val_ppl <= target`` gives ``time_s`` (the run's clock). Any run can then be
+measured against a target decided after it ran, such as the baseline's own runs under the
+``sync_fraction`` rule.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from statistics import median
+
+from ..train.metrics import read_jsonl
+
+
+def evals(run_dir: Path) -> list[dict]:
+    """The evaluation records of a run, in step order."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [r for r in read_jsonl(path) if r.get("kind") == "eval" and r.get("val_ppl") is not None]
+
+
+def time_to_target(records: list[dict], target: float | None) -> tuple[float | None, int | None]:
+    """(time_s, step) of the first evaluation at or below ``target``; (None, None) if none is."""
+    if target is None:
+        return None, None
+    for r in records:
+        if r["val_ppl"] <= target:
+            return r["time_s"], r["step"]
+    return None, None
+
+
+def ppl_at_fraction(records: list[dict], budget: int, fraction: float) -> float | None:
+    """The validation perplexity of the last evaluation at or before step ``fraction x budget``:
+    what the run had reached by that fraction of its step budget."""
+    upto = [r for r in records if r["step"] <= math.ceil(fraction * budget)]
+    return upto[-1]["val_ppl"] if upto else None
+
+
+def derive_target(baseline_runs: dict[str, tuple[list[dict], int]], fraction: float) -> dict | None:
+    """The ``sync_fraction`` target of a setting from its baseline's runs ({cell: (evals, step
+    budget)}): the median over seeds of :func:`ppl_at_fraction`. None when no run has one."""
+    per_run = {name: ppl_at_fraction(ev, budget, fraction) for name, (ev, budget) in baseline_runs.items()}
+    per_run = {k: v for k, v in per_run.items() if v is not None}
+    if not per_run:
+        return None
+    return {"ppl": median(per_run.values()), "rule": "sync_fraction", "fraction": fraction, "from": per_run}

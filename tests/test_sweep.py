@@ -1,0 +1,205 @@
+"""``adapipe sweep`` and ``adapipe report``: grid composition, resuming, failures, and the report's
+statistics on hand-made runs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from adapipe_cli.cli.compose import compose_config
+from adapipe_cli.cli.main import main
+from adapipe_cli.config import ConfigError, validate
+from adapipe_cli.sweep.grid import load_grid, merge_overrides
+from adapipe_cli.sweep.report import write_report
+from adapipe_cli.sweep.results import COLUMNS
+from adapipe_cli.sweep.target import derive_target, time_to_target
+
+GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3)}  # depths, batches, methods, seeds
+
+
+@pytest.mark.parametrize("name", list(GRIDS))
+def test_shipped_grids_compose_into_their_cells(name):
+    grid = load_grid([f"sweep={name}"])
+    depths, batches, methods, seeds = GRIDS[name]
+    cells = grid.cells()
+    assert len(cells) == depths * batches * methods * seeds == len({c.name for c in cells})
+    assert set(grid.methods) == {"sync", "async", "adapipe"}
+    for c in cells:
+        assert c.batch_size == grid.cfg.microbatch_size * c.microbatches
+    # the deepest pipeline at its largest batch, for each method: composes and validates
+    deepest = [c for c in cells if c.stages == max(grid.cfg.stages) and c.microbatches == max(grid.cfg.microbatches)
+               and c.seed == grid.cfg.seeds[0]]
+    for cell in deepest:
+        cfg = compose_config(grid.overrides(cell))
+        validate(cfg)
+        assert (cfg.pipeline.stages, cfg.train.batch_size, cfg.seed) == (cell.stages, cell.batch_size, cell.seed)
+    assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == "goodput"
+    if name == "cpu":
+        assert cfg.model.n_layer >= 8 and cfg.data.path.endswith(os.path.join("shared", "data", "tinyshakespeare"))
+    if name == "gpu":
+        assert cfg.pipeline.runtime == "dist" and cfg.model.name == "gpt2-small" and not grid.cfg.profile
+
+
+def test_grid_overrides_and_checks(monkeypatch, tmp_path):
+    monkeypatch.setenv("ADAPIPE_SHARED_DATA", str(tmp_path))
+    grid = load_grid(["sweep=cpu", "sweep.seeds=[5]", "train.max_steps=7", "schedule.async_lr_scale=0.5"])
+    cell = grid.cells()[0]
+    o = grid.overrides(cell, tmp_path / "p.json", 12.5)
+    assert "train.max_steps=7" in o and "train.max_steps=300" not in o  # the user's override wins
+    assert f"data.path={tmp_path / 'tinyshakespeare'}" in o
+    assert o[-2:] == [f"pipeline.profile={tmp_path / 'p.json'}", "train.target_ppl=12.5"]
+    assert cell.name == "p2_b4_sync_s5"
+    assert merge_overrides(["a=1", "+b=2"], ["b=3"]) == ["a=1", "b=3"]
+    for bad, msg in [(["seed=3"], "sweep.seeds"), (["sweep.compare=nope"], "sweep.compare"),
+                     (["sweep.target.rule=fixed"], "sweep.target.ppl"), (["sweep.target.baseline=x"], "baseline"),
+                     (["+sweep.methods.a_b=['schedule=1f1b']"], "method name")]:
+        with pytest.raises(ConfigError, match=msg):
+            load_grid(["sweep=smoke", *bad])
+
+
+@pytest.mark.parametrize("args,message", [
+    (["sweep", "sweep=nope"], "unknown sweep 'nope': choose one of cpu, gpu, smoke"),
+    (["sweep"], "adapipe sweep sweep=NAME"),
+    (["sweep", "sweep=smoke", "pipeline.stages=2"], "use sweep.stages"),
+    (["sweep", "sweep=smoke", "sweep.stagez=[2]"], "unknown config key 'sweep.stagez'"),
+    (["sweep", "sweep=smoke", "model.n_layer=3"], "cell p4_b2_sync_s0: pipeline.stages=4 is more than"),
+    (["report", "/nonexistent/sweep"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and message in err, err
+
+
+def test_time_to_target_and_derived_target():
+    evals = [{"step": s, "val_ppl": 100.0 / (1 + s), "time_s": 0.5 * s} for s in range(0, 101, 10)]
+    assert time_to_target(evals, 100 / 31) == (15.0, 30)
+    assert time_to_target(evals, 0.5) == (None, None)
+    slower = [dict(r, val_ppl=r["val_ppl"] * 2) for r in evals]
+    rec = derive_target({"a": (evals, 100), "b": (slower, 100), "c": (slower, 100)}, 0.45)  # last eval <= step 45: 40
+    assert rec["ppl"] == pytest.approx(200 / 41) and rec["from"]["a"] == pytest.approx(100 / 41)
+
+
+TINY_GRID = ["sweep=smoke", "sweep.stages=[2]", "sweep.microbatches=[2]", "model.n_layer=2", "model.d_model=32",
+             "model.n_head=2", "model.block_size=16", "data.vocab_size=64", "data.eval_tokens=256", "train.max_steps=4",
+             "train.eval_every=2", "pipeline.profile_reps=1"]
+
+
+def _lines(err: str, verb: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("[") and f"] {verb} " in line]
+
+
+def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["sweep", *TINY_GRID, f"sweep.dir={out}"]) == 0
+    err = capsys.readouterr().err
+    assert len(_lines(err, "done")) == 3
+    state = json.loads((out / "sweep.json").read_text())
+    target = state["targets"]["p2_b4"]
+    assert target["rule"] == "sync_fraction" and target["ppl"] == target["from"]["p2_b4_sync_s0"]
+    assert state["profiles"]["p2"].endswith("p2_mb2.json")
+    overrides = (out / "p2_b4_adapipe_s0" / ".hydra" / "overrides.yaml").read_text()
+    assert f"pipeline.profile={state['profiles']['p2']}" in overrides and "train.target_ppl=" in overrides
+    stamp = {d.name: (d / "summary.json").stat().st_mtime_ns for d in out.glob("p2_*")}
+    for f in (out / "p2_b4_async_s0").iterdir():
+        if f.is_file():
+            f.unlink()
+    assert main(["sweep", *TINY_GRID, f"sweep.dir={out}"]) == 0
+    err = capsys.readouterr().err
+    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_async_s0"]
+    assert len(_lines(err, "skip")) == 2 and "profile p2" not in err and "target p2" not in err
+    assert all((out / n / "summary.json").stat().st_mtime_ns == t for n, t in stamp.items() if n != "p2_b4_async_s0")
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
+
+
+def test_a_failing_cell_does_not_stop_the_others(tmp_path, capsys):
+    out = tmp_path / "sw"
+    args = ["sweep", *TINY_GRID, "~sweep.methods.async", f"sweep.dir={out}", "sweep.target.rule=fixed",
+            "sweep.target.ppl=60",
+            "sweep.methods.adapipe=['schedule=adapipe','data=text','data.train=/nonexistent/train.txt']"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "adapipe: failed: p2_b4_adapipe_s0:" in err and len(_lines(err, "done")) == 1
+    assert "nonexistent" in (out / "p2_b4_adapipe_s0" / "error.txt").read_text()
+    assert "`p2_b4_adapipe_s0`: failed" in (out / "results.md").read_text()
+    assert main(args) == 1  # resumed: the done cell is skipped, the failed one is run again
+    err = capsys.readouterr().err
+    assert len(_lines(err, "skip")) == 1 and [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_adapipe_s0"]
+
+
+def _run(d, evals: list[tuple[int, float, float]], **summary):
+    d.mkdir(parents=True)
+    d.joinpath("metrics.jsonl").write_text("".join(
+        json.dumps({"kind": "eval", "step": s, "val_ppl": p, "time_s": t}) + "\n" for s, p, t in evals))
+    best = min(p for _, p, _ in evals)
+    base = {"completed": True, "clock": "pipeline", "clock_mode": "profiled", "best_val_ppl": best,
+            "final_val_ppl": evals[-1][1], "time_s": evals[-1][2], "steps": evals[-1][0], "async_fraction": 0.0,
+            "switches": 0}
+    d.joinpath("summary.json").write_text(json.dumps({**base, **summary}))
+
+
+def reached(t):
+    return [(0, 100.0, 0.0), (10, 9.0, t), (20, 8.0, t + 5)]
+
+
+def unreached(t_end, best):
+    return [(0, 100.0, 0.0), (10, 20.0, t_end / 2), (20, best, t_end)]
+
+
+def test_report_medians_spreads_speedups_and_unreached_targets(tmp_path):
+    """Hand-computed: p2_b4 sync ttt 10, 12, 14 -> 12 (10–14); async 8, 9, not reached -> 9 (8–n.r.);
+    adapipe 6, 7, 8 -> 7; speedups 12/7 = 1.71 and 9/7 = 1.29. p4_b4: sync 20 x3; adapipe reaches in
+    one seed of three -> n.r., bound median(10, 30, 30) = 30 -> <20/30 = 0.67; async has no run."""
+    methods = ["sync", "async", "adapipe"]
+    cells = [{"name": f"p{p}_b4_{m}_s{s}", "setting": f"p{p}_b4", "stages": p, "microbatches": 2, "batch_size": 4,
+              "method": m, "seed": s} for p in (2, 4) for m in methods for s in range(3)]
+    state = {"name": "hand", "methods": methods, "compare": "adapipe", "curves": None, "cells": cells,
+             "definition": {"target": {"rule": "fixed", "ppl": 10.0, "baseline": "sync"}},
+             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}, "p4_b4": {"ppl": 10.0}}}
+    (tmp_path / "sweep.json").write_text(json.dumps(state))
+    for s, t in enumerate((10, 12, 14)):
+        _run(tmp_path / f"p2_b4_sync_s{s}", reached(t))
+        _run(tmp_path / f"p4_b4_sync_s{s}", reached(20))
+    for s, t in enumerate((8, 9)):
+        _run(tmp_path / f"p2_b4_async_s{s}", reached(t), async_fraction=1.0)
+    _run(tmp_path / "p2_b4_async_s2", unreached(20, 12.5), async_fraction=1.0)
+    for s, (t, frac, sw) in enumerate([(6, 0.2, 2), (7, 0.4, 4), (8, 0.3, 3)]):
+        _run(tmp_path / f"p2_b4_adapipe_s{s}", reached(t), async_fraction=frac, switches=sw)
+    _run(tmp_path / "p4_b4_adapipe_s0", reached(10))
+    _run(tmp_path / "p4_b4_adapipe_s1", unreached(30, 11.0))
+    _run(tmp_path / "p4_b4_adapipe_s2", unreached(30, 13.0))
+    paths = write_report(tmp_path)
+    assert {p.name for p in paths} == {"results.csv", "results.md", "speedup.png", "ttp.png", "curves_p4_b4.png"}
+    assert all(p.stat().st_size > 0 for p in paths)
+    md = (tmp_path / "results.md").read_text()
+    assert "| 2 | 4 (2) | 10 | 12 (10–14) | 9 (8–n.r.) | 7 (6–8) | 1.71x | 1.29x | 30% | 3 |" in md, md
+    assert "| 4 | 4 (2) | 10 | 20 (20–20) | no run | n.r. (best 11) | <0.67x | – |" in md, md
+    assert "`p2_b4_async_s2`: best val ppl 12.5 > target 10" in md and "`p4_b4_async_s0`: missing" in md
+    assert "pipeline clock" in md
+    with open(tmp_path / "results.csv") as f:
+        rows = {r["cell"]: r for r in csv.DictReader(f)}
+    assert len(rows) == 18
+    assert float(rows["p2_b4_sync_s1"]["time_to_target_s"]) == 12 and rows["p2_b4_async_s2"]["reached"] == "False"
+    assert rows["p4_b4_async_s0"]["status"] == "missing"
+
+
+@pytest.mark.slow
+def test_smoke_sweep_end_to_end(tmp_path):
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    r = subprocess.run([exe, "sweep", "sweep=smoke", f"sweep.dir={tmp_path / 'smoke'}"], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "smoke"
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 12 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
+    for name in ("results.md", "speedup.png", "ttp.png", "curves_p4_b2.png"):
+        assert (out / name).is_file(), name

@@ -252,6 +252,9 @@ class Trainer:
         if prev is not None and d.phase != prev:
             self.log.write({"kind": "event", "event": "switch", "step": u, "from": prev, "to": d.phase,
                             "reason": d.reason, "decided_after_step": u - self.lag, **d.info})
+        elif d.info:  # a verdict that kept the phase: recorded too, with its estimates
+            self.log.write({"kind": "event", "event": "verdict", "step": u, "phase": d.phase, "reason": d.reason,
+                            "decided_after_step": u - self.lag, **d.info})
 
     # -- state: the divergence guard and checkpoints ----------------------------------------------
     def _full_state(self) -> dict:

@@ -108,6 +108,10 @@ class HeuristicConfig:
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
     start: str = "sync"
+    # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
+    # after every step (off the clock, local runtime), or the training loss of each step (train)
+    signal: str = "heldout"
+    signal_tokens: int = 512
     # divergence guard
     guard: bool = True
     guard_factor: float = 2.0

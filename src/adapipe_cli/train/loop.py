@@ -112,6 +112,24 @@ class Trainer:
         self.val = self.data.val_batches(self.micro)
         self.tokens_per_step = t.batch_size * cfg.model.block_size
         self.runtime = self._make_runtime()
+        self.signal = self._signal_batch()
+
+    def _signal_batch(self):
+        """The held-out batch whose loss the heuristic follows as its progress signal (None: the
+        training loss). Training-batch losses vary with the batch far more than they fall in a few
+        steps; a fixed batch's loss moves only with the weights."""
+        h = self.cfg.heuristic
+        if self.choice.phase is not None or h.signal == "train":
+            return None
+        if h.signal != "heldout":
+            raise ConfigError(f"unknown heuristic.signal={h.signal!r}: use heldout or train")
+        if not isinstance(self.runtime, LocalRuntime):
+            print("adapipe: heuristic.signal=heldout needs the local runtime; the heuristic follows the training loss",
+                  file=sys.stderr)
+            return None
+        rows = max(1, h.signal_tokens // self.cfg.model.block_size)
+        x, y = self.data.val_batches(rows)[0]
+        return [(x, y)]
 
     def _make_runtime(self):
         """The local runtime, or the distributed one (``pipeline.runtime=dist``, or ``auto`` with a
@@ -227,7 +245,8 @@ class Trainer:
         prev = st.time_s
         st.tokens, st.time_s, st.steps = st.tokens + self.tokens_per_step, time_s, step + 1
         st.step_time[step + 1] = time_s
-        self.heuristic.observe(Observation(step, res.phase, res.loss, time_s, time_s - prev, res.staleness_mean))
+        signal = self.runtime.evaluate(self.signal) if self.signal else res.loss
+        self.heuristic.observe(Observation(step, res.phase, signal, time_s, time_s - prev, res.staleness_mean))
         if step + self.lag < self.cfg.train.max_steps:
             self._decide(step + self.lag)
         self.log.write(self._step_record(res, time_s, st.tokens, self.wall()))

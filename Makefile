@@ -33,6 +33,7 @@ bench: install
 	$(OFFLINE) $(PY) scripts/bench_train.py
 	$(OFFLINE) $(PY) scripts/bench_local.py
 	$(OFFLINE) $(PY) scripts/bench_sim.py
+	$(OFFLINE) $(PY) scripts/bench_dist.py
 
 # a sweep resumes where it stopped: rerun the same target after an interruption
 reproduce-smoke: install

@@ -283,13 +283,15 @@ class StageExecutor:
 
     @torch.no_grad()
     def eval_forward(self, version: int, x: torch.Tensor) -> torch.Tensor:
-        """Forward of one validation batch with ``version``'s weights."""
-        if version == self.live:
-            return self.module(x)
-        w = self.copies.get(version)
-        if w is None:
+        """Forward of one validation batch with ``version``'s weights, without dropout."""
+        w = None if version == self.live else self.copies.get(version)
+        if version != self.live and w is None:
             raise RuntimeError(f"stage {self.s}: weight version {version} is no longer held (live {self.live})")
-        return functional_call(self.module, dict(zip(self.names, w)), (x,), tie_weights=False)
+        self.module.eval()
+        try:
+            return self._call_plain(x, w)
+        finally:
+            self.module.train()
 
     # -- memory ----------------------------------------------------------------------------------
     def _needed(self, version: int) -> bool:

@@ -1,0 +1,313 @@
+"""The distributed runtime, driver side: one worker process per stage, driven by the Trainer.
+
+``DistRuntime(trainer)`` starts a TCPStore (the *board*, see :mod:`.dist_transport`) on a free
+port, so that runs on one machine never collide, publishes the run's spec there and starts one
+worker per stage (:mod:`.worker`; ``torch.multiprocessing``, see :func:`worker_context`), each
+of which builds only its own stage from the spec. Under ``torchrun`` the board is
+the job's store at MASTER_ADDR:MASTER_PORT, the other ranks' processes are the other workers,
+and the driver (rank 0's process) spawns only stage 0's worker: the driver then never sits in a
+collective, so it can watch, time out and abort the run whatever the workers do.
+
+The Trainer drives it through the runtime interface: ``decide`` writes a phase to the board;
+``run_step(t)`` opens the gate of ``U(t)`` and waits for every stage's report of step ``t``;
+``evaluations`` waits for the validation losses that step ``t`` scheduled; ``evaluate_now`` and
+``close`` end the run at the next gate. Times are wall-clock seconds from a barrier that all
+workers pass before their first action, minus the time spent evaluating.
+
+Faults: a watchdog thread ends the run when a worker process dies, a worker reports an
+exception, or the awaited reports make no progress for ``pipeline.timeout_s``; the other workers
+are terminated and the Trainer gets a :class:`WorkerFailed` whose message is one line naming
+the stage, the rank and the cause.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from ..config.validate import ConfigError
+from .dist_transport import Board
+from .local import StepResult
+from .watchdog import Collector, Watchdog, WorkerFailed
+from .worker import spawn_main, torchrun_env
+
+STARTUP_S = 120.0  # at least this long for workers to import torch, build their stage and connect
+
+
+def worker_context():
+    """The multiprocessing context that starts workers: ``forkserver`` where there is one, with
+    torch and the worker's modules imported once in the server, else ``spawn``. Both start workers
+    from a clean single-threaded process, never by forking the driver (whose threads and torch
+    state a fork would copy); the forkserver saves each worker the seconds of importing torch
+    (and torch._dynamo, which optimizers import). Each worker takes the driver's environment of
+    the moment it starts, not the server's."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.worker",
+                                "adapipe_cli.train.build", "adapipe_cli.data"])
+    return ctx
+
+
+def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
+    """(backend, device of each rank or None for the default). ``auto``: NCCL when there is a CUDA
+    device for every stage (or, under torchrun, on each rank), gloo on CPUs otherwise."""
+    p = cfg.pipeline
+    devices = [str(d) for d in p.devices]
+    if devices and len(devices) != p.stages:
+        raise ConfigError(f"pipeline.devices lists {len(devices)} devices for {p.stages} stages: give one per stage")
+    backend = p.backend
+    cuda = torch.cuda.is_available()
+    if backend == "auto":
+        if devices:
+            backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
+        else:
+            backend = "nccl" if cuda and (launched or torch.cuda.device_count() >= p.stages) else "gloo"
+    if backend == "nccl":
+        if not cuda:
+            raise ConfigError("pipeline.backend=nccl needs CUDA devices: use pipeline.backend=gloo on CPUs")
+        if not devices and not launched:
+            if torch.cuda.device_count() < p.stages:
+                raise ConfigError(f"pipeline.backend=nccl needs a GPU per stage: {torch.cuda.device_count()} for "
+                                  f"{p.stages} stages (use fewer stages, or pipeline.backend=gloo)")
+            devices = [f"cuda:{i}" for i in range(p.stages)]
+        if any(not d.startswith("cuda") for d in devices):
+            raise ConfigError(f"pipeline.backend=nccl runs on CUDA devices, not {devices}: list cuda:N devices")
+        if not launched and len(set(devices)) < len(devices):
+            raise ConfigError(f"NCCL refuses two ranks on one GPU (pipeline.devices={devices}): list distinct GPUs")
+    elif any(d != "cpu" for d in devices):
+        raise ConfigError(f"pipeline.backend=gloo runs on CPUs here, not {devices}: use pipeline.backend=nccl for GPUs")
+    return backend, devices or None
+
+
+class DistRuntime:
+    """One worker process per stage; the interface of :class:`.local.LocalRuntime`."""
+
+    name = "dist"
+    clock_name = "wall"
+
+    def __init__(self, trainer):
+        cfg = self.cfg = trainer.cfg
+        t = cfg.train
+        if t.checkpoint_every or t.save_final or t.resume:
+            raise ConfigError("pipeline.runtime=dist does not write or resume checkpoints yet: drop "
+                              "train.checkpoint_every, train.save_final and train.resume, or use the local runtime")
+        self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
+        self.env = torchrun_env()
+        self.backend, devices = choose_backend(cfg, self.env is not None)
+        self.max_steps = cfg.train.max_steps
+        self.eval_steps = {t for t in range(-1, self.max_steps) if trainer.eval_at(t)}
+        self.plan = trainer.plan  # the Trainer reads its decisions back from it
+        self.reports: dict[int, dict] = {}  # rank -> its latest report
+        self.released = 0  # go/{t} written for every t < released
+        self.due: list[int] = [0] if -1 in self.eval_steps else []  # versions whose evaluation is awaited
+        self.prev_time, self.prev_busy = 0.0, 0.0
+        self.ended = self.closed = False
+        self.failure: str | None = None
+        self.waiting: tuple | None = None  # (keys, since, allowance) while the main thread waits
+        self.procs: dict[int, mp.Process] = {}
+        self.logs: dict[int, Path] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.RLock()  # the watchdog and the main thread both poll and stop workers
+        if self.env is not None:
+            world = int(self.env["WORLD_SIZE"])
+            if world != self.p:
+                raise ConfigError(f"torchrun started {world} processes for pipeline.stages={self.p}: "
+                                  f"start one process per stage (nnodes x nproc-per-node = {self.p})")
+            host, port, prefix = self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"]), self.env["prefix"]
+            self.board = Board(host, port, prefix, server=not self.env["agent_store"])
+            local, per_node = [0], int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        else:
+            self.board = Board("127.0.0.1", 0, "adapipe", server=True)
+            local, per_node = list(range(self.p)), self.p
+        threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
+        self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
+                                "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
+                                "threads": threads, "run_dir": str(trainer.dir)})
+        self.collector = Collector(self.board)
+        atexit.register(self._shutdown)  # when close() is never called
+        try:
+            self._start(local, Path(trainer.dir) / "workers")
+            self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, ranks: list[int], log_dir: Path) -> None:
+        ctx = worker_context()
+        self.status = ctx.Array("i", 2 * self.p, lock=False)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        b = self.board
+        for r in ranks:
+            self.logs[r] = log_dir / f"stage{r}.log"
+            self.procs[r] = ctx.Process(target=spawn_main, name=f"adapipe-stage{r}", daemon=True,
+                                        args=(b.host, b.port, b.prefix, r, self.status, str(self.logs[r]),
+                                              self.timeout_s, dict(os.environ)))
+            self.procs[r].start()
+        self.watchdog = Watchdog(self)
+        self.watchdog.start()
+
+    # -- the interface the training loop drives ------------------------------------------------
+    def decide(self, step: int, phase: str) -> None:
+        self.plan.decide(step, phase)
+        self.board.put(f"phase/{step}", phase)
+
+    def run_step(self, t: int) -> StepResult:
+        """Let every stage apply ``U(t)`` and wait for their reports of step ``t``."""
+        self.board.put(f"go/{t}", "go")
+        self.released = t + 1
+        if t > 0:
+            self._forget(t - 1)
+        reps = self._collect([f"rep/{t}/{r}" for r in range(self.p)])
+        self.reports.update(enumerate(reps))
+        if t in self.eval_steps:
+            self.due.append(t + 1)
+        return self._result(t, reps)
+
+    def evaluations(self) -> list[tuple[int, float]]:
+        """(version, mean validation loss) of the evaluations scheduled so far, waiting for them."""
+        out = []
+        for v in self.due:
+            (losses,) = self._collect([f"eval/{v}"])
+            self.board.delete(f"eval/{v}")
+            out.append((v, sum(losses) / len(losses)))
+        self.due = []
+        return out
+
+    def evaluate_now(self, version: int) -> None:
+        """End the run after the steps trained so far, evaluating their final weights."""
+        if version != self.released:
+            raise RuntimeError(f"evaluate_now({version}) after {self.released} steps")
+        self._end("eval")
+        self.due.append(version)
+
+    def memory(self) -> list[dict]:
+        keys = ("peak_activations", "peak_weight_versions", "peak_rss_mb", "peak_device_mb")
+        return [{"stage": r, "rank": r, **{k: rep[k] for k in keys}} for r, rep in sorted(self.reports.items())]
+
+    def close(self) -> None:
+        """End the run and wait for every worker to finish; when an exception is on its way (or a
+        worker failed), stop the workers at once instead."""
+        if self.closed:
+            return
+        self.closed = True
+        failing = self.failure is not None or sys.exc_info()[0] is not None
+        try:
+            if not failing:
+                self._end("end")
+                self._collect([f"done/{r}" for r in range(self.p)])
+                self._stop_watchdog()
+                with self._stopping:
+                    for proc in self.procs.values():
+                        proc.join(timeout=10)
+        finally:
+            self._shutdown()
+
+    # -- internals -----------------------------------------------------------------------------
+    def _result(self, t: int, reps: list[dict]) -> StepResult:
+        # an evaluation holds up the whole pipeline for about as long as the stage that waits
+        # longest in it (the last), so the largest evaluation time comes off the clock
+        now = max(max(r["t_end"] for r in reps) - max(r["eval_s"] for r in reps), self.prev_time)
+        busy = sum(r["busy"] for r in reps)
+        span = now - self.prev_time
+        bubble = 1.0 - (busy - self.prev_busy) / (self.p * span) if span > 0 else float("nan")
+        self.prev_time, self.prev_busy = now, busy
+        delays = [d for r in reps for d in r["delays"]]
+        last = reps[-1]
+        return StepResult(
+            step=t, phase=self.plan.phases[t], loss=sum(last["losses"]) / max(1, len(last["losses"])), time_s=now,
+            staleness_mean=sum(delays) / max(1, len(delays)), staleness_max=max(delays, default=0),
+            bubble=min(1.0, max(0.0, bubble)) if math.isfinite(bubble) else bubble,
+            grad_norm=reps[0]["grad_norm"], lr=last["lr"],
+            versions_max=max(r["versions"] for r in reps), inflight_max=max(r["inflight"] for r in reps))
+
+    def _forget(self, t: int) -> None:
+        """Drop step ``t``'s keys from the board (every stage is past ``U(t)``)."""
+        for key in (f"go/{t}", f"phase/{t}", *(f"rep/{t}/{r}" for r in range(self.p))):
+            self.board.delete(key)
+
+    def _end(self, verdict: str) -> None:
+        if self.ended:
+            return
+        self.ended = True
+        self.board.put(f"go/{self.released}", verdict)
+        if self.plan.decided() < self.max_steps:  # a program may wait for the next phase
+            self.board.put(f"phase/{self.plan.decided()}", "end")
+
+    def _collect(self, keys: list[str], allowance: float | None = None) -> list:
+        """The values of ``keys``, once every one is on the board; raises :class:`WorkerFailed`."""
+        if self.failure is None:
+            pend = self.collector.request(keys)
+            self.waiting = (keys, time.monotonic(), allowance or self.timeout_s)
+            try:
+                while not pend.done.wait(0.25) and self.failure is None:
+                    pass
+            finally:
+                self.waiting = None
+            if self.failure is None and pend.error is not None:
+                self._fail(f"lost the connection to the board: {pend.error}")
+        if self.failure is not None:
+            self._terminate()
+            raise WorkerFailed(self.failure)
+        return pend.values
+
+    def _fail(self, message: str) -> None:
+        with self._lock:
+            if self.failure is None:
+                self.failure = message
+        self._terminate()
+
+    def exitcodes(self) -> dict[int, int | None]:
+        """Each local worker's exit status (None while it runs). Only one thread at a time may
+        ask: a forkserver child's status is read from a pipe, once."""
+        with self._stopping:
+            return {r: p.exitcode for r, p in self.procs.items()}
+
+    def _terminate(self) -> None:
+        """Stop the local workers: SIGTERM, then SIGKILL those still there after 3 s."""
+        with self._stopping:
+            alive = [p for p in self.procs.values() if p.is_alive()]
+            for proc in alive:
+                proc.terminate()
+            deadline = time.monotonic() + 3.0
+            for proc in alive:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            for proc in alive:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(5.0)
+
+    def _abort_board(self) -> None:
+        """Tell workers elsewhere (torchrun) that the run is over."""
+        if not self.ended:
+            self.ended = True
+            self.board.put(f"go/{self.released}", "abort")
+            self.board.put(f"phase/{self.plan.decided()}", "abort")
+
+    def _stop_watchdog(self) -> None:
+        if hasattr(self, "watchdog"):
+            self.watchdog.stopped.set()
+            if self.watchdog is not threading.current_thread():
+                self.watchdog.join(5.0)
+
+    def _shutdown(self) -> None:
+        """Stop the driver's helper threads and the workers that are still there."""
+        self._stop_watchdog()
+        self._terminate()
+        try:
+            self._abort_board()
+            self.collector.stop(self.board)
+        finally:
+            atexit.unregister(self._shutdown)
+
+
+__all__ = ["DistRuntime", "WorkerFailed", "choose_backend"]

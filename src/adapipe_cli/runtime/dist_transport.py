@@ -1,0 +1,181 @@
+"""How the processes of a distributed run talk: the *board* (control messages through a TCPStore)
+and the *transport* (tensors through torch.distributed point-to-point ops and collectives).
+
+The board carries what is small and rare: the run's spec, phase decisions, the driver's
+per-step permission to update, per-step reports, evaluation results and errors. Keys:
+
+    spec                 the run (config, eval steps, backend, devices), written once by the driver
+    ready/{r}            rank r has built its stage
+    phase/{u}            phase of step u ("sync" | "async"), or "end" / "abort"
+    go/{t}               "go": every stage may apply U(t); "end" | "eval" | "abort": stop before it
+    rep/{t}/{r}          rank r's report of step t (after its U(t))
+    eval/{v}             validation losses of weight version v (last stage)
+    error/{r}, errors    rank r's exception message; a counter of errors reported
+    done/{r}             rank r finished cleanly
+
+The transport carries activations, gradients and validation activations between neighbouring
+stages, and the two collectives of a synchronous update (global gradient norm, tied embeddings).
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+ENDINGS = ("end", "eval", "abort")
+
+
+class Board:
+    """The control channel: pickled values under string keys of one TCPStore, under a prefix so
+    that several runs (or restarts of one torchrun job) sharing a store never read each other."""
+
+    def __init__(self, host: str, port: int, prefix: str, server: bool = False, timeout_s: float = 600.0):
+        td = datetime.timedelta(seconds=timeout_s)
+        if server:
+            self.store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=td)
+        else:
+            self.store = dist.TCPStore(host, port, is_master=False, timeout=td)
+        self.host, self.port, self.prefix = host, self.store.port, prefix
+        self.kv = dist.PrefixStore(prefix, self.store)
+
+    def client(self) -> "Board":
+        """Another connection to the same board (a TCPStore connection serves one thread)."""
+        return Board(self.host, self.port, self.prefix)
+
+    def put(self, key: str, value) -> None:
+        self.kv.set(key, pickle.dumps(value))
+
+    def get(self, key: str):
+        """The value of ``key``, waiting for it to be written (up to the store's timeout)."""
+        return pickle.loads(self.kv.get(key))
+
+    def wait(self, keys: list[str], timeout_s: float | None = None) -> None:
+        if timeout_s is None:
+            self.kv.wait(keys)
+        else:
+            self.kv.wait(keys, datetime.timedelta(seconds=timeout_s))
+
+    def has(self, key: str) -> bool:
+        return self.kv.check([key])
+
+    def add(self, key: str, n: int) -> int:
+        return self.kv.add(key, n)
+
+    def delete(self, key: str) -> None:
+        self.kv.delete_key(key)
+
+    def process_group_store(self) -> dist.Store:
+        """The store under which torch.distributed's rendezvous keeps its own keys."""
+        return dist.PrefixStore(f"{self.prefix}/pg", self.store)
+
+
+def build_groups(stages: int, tied: bool) -> dict:
+    """One process group per channel and direction between each pair of neighbouring stages, and
+    the ends' group for tied embeddings. Every rank must call this, in the same order.
+
+    Why this order is deadlock-free, on NCCL too: each group carries messages of one channel in
+    one direction only (activations s -> s+1, gradients s+1 -> s, validation activations
+    s -> s+1), so it is a FIFO whose two ends post their operations in the order their action
+    lists produce them. Those orders agree: every stage forwards microbatches in increasing order,
+    backwards them in increasing order and evaluates versions in increasing order. Since NCCL runs
+    each communicator's operations in order on its own stream, a send can only ever wait for the
+    matching receive, which its peer posts when its list reaches it; the lists are
+    dependency-consistent (the local runtime executes them in one process, and a worker evaluates
+    a version no later than the update that retires it), so every receive is eventually reached.
+    Sends never block the sender (isend); a receive blocks right before the action that needs it.
+    Sharing one communicator between the two directions would not be safe on NCCL: stage s's
+    send of an activation and stage s+1's send of a gradient could each wait for the other's
+    receive, queued behind them on the same stream.
+    """
+    groups: dict = {}
+    for s in range(stages - 1):
+        for channel in ("act", "grad", "eval"):
+            groups[(channel, s)] = dist.new_group([s, s + 1])
+    if tied and stages > 1:
+        groups["ends"] = dist.new_group([0, stages - 1]) if stages > 2 else None
+    return groups
+
+
+class DistTransport:
+    """The :class:`~.transport.Transport` of one worker: stage ``s`` is rank ``s``.
+
+    Receivers allocate the buffer from ``shape(channel, key)``; sends keep their handle (and so
+    their tensor) until they complete. With ``ahead``, the next receive of the activation and
+    gradient channels is posted as soon as the previous one completes: gloo moves a message only
+    once its receive is posted, so the transfer then overlaps the computation before it is needed
+    (those channels carry one shape). ``wait_s`` accumulates the time spent blocked in receives
+    and collectives, which is not busy time; ``on_block(True/False)`` brackets each such wait.
+    """
+
+    def __init__(self, stage: int, stages: int, groups: dict, shape: Callable[[str, object], tuple],
+                 device: torch.device, dtype: torch.dtype = torch.float32,
+                 on_block: Callable[[bool], None] | None = None, ahead: bool = False):
+        self.s, self.p, self.groups, self.shape = stage, stages, groups, shape
+        self.device, self.dtype = device, dtype
+        self.on_block = on_block or (lambda blocked: None)
+        self.sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.ahead = ahead
+        self.posted: dict[str, tuple[dist.Work, torch.Tensor]] = {}  # channel -> its next receive
+        self.wait_s = 0.0
+
+    def _group(self, channel: str, src: int, dst: int):
+        return self.groups[(channel, min(src, dst))]
+
+    def send(self, channel: str, src: int, dst: int, key, tensor: torch.Tensor) -> None:
+        tensor = tensor.contiguous()
+        work = dist.isend(tensor, dst, group=self._group(channel, src, dst))
+        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+        self.sends.append((work, tensor))
+
+    def ready(self, channel: str, src: int, dst: int, key) -> bool:
+        return True  # a receive blocks until its message arrives
+
+    def recv(self, channel: str, src: int, dst: int, key, like: torch.Tensor | None = None) -> torch.Tensor:
+        work, buf = self.posted.pop(channel, None) or self._post(channel, src, dst, key)
+        self._blocking(work.wait)
+        if self.ahead and channel != "eval":
+            self.posted[channel] = self._post(channel, src, dst, key)
+        return buf
+
+    def _post(self, channel: str, src: int, dst: int, key) -> tuple[dist.Work, torch.Tensor]:
+        buf = torch.empty(self.shape(channel, key), dtype=self.dtype, device=self.device)
+        return dist.irecv(buf, src, group=self._group(channel, src, dst)), buf
+
+    def post_reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> None:
+        pass  # the collective runs in reduce()
+
+    def reduce_ready(self, key: tuple, group: tuple[int, ...]) -> bool:
+        return True
+
+    def reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Element-wise sum over ``group``, added in stage order (all_gather, then a sum), so that
+        the result is bitwise the local runtime's whatever the number of stages."""
+        pg = None if len(group) == self.p else self.groups["ends"]
+        out = []
+        for t in tensors:
+            flat = t.reshape(-1).contiguous()
+            parts = [torch.empty_like(flat) for _ in group]
+            self._blocking(lambda: dist.all_gather(parts, flat, group=pg))
+            acc = parts[0].clone()
+            for x in parts[1:]:
+                acc.add_(x)
+            out.append(acc.reshape(t.shape))
+        return out
+
+    def _blocking(self, fn: Callable[[], object]) -> None:
+        self.on_block(True)
+        t0 = time.perf_counter()
+        try:
+            fn()
+        finally:
+            self.wait_s += time.perf_counter() - t0
+            self.on_block(False)
+
+    def pending_sends(self) -> int:
+        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
+        return len(self.sends)

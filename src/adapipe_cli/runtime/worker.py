@@ -1,0 +1,400 @@
+"""One stage of a distributed run, in its own process: the worker.
+
+A worker builds only its own stage (module, optimizer, update policy, stage program) from the
+run's spec on the board, then executes its action list with the shared :class:`StageExecutor`
+over a :class:`DistTransport`. Three things tie it to the driver (the Trainer's process):
+
+- the plan: phases are read from the board when the program first needs them (``phase/{u}``);
+- the gate: before ``U(t)`` the worker waits until the driver has started step ``t``
+  (``go/{t}``). A stop after step ``t - 1`` (target reached, time limit) therefore finds every
+  stage exactly after ``U(t - 1)``, holding the same version, whatever it has run ahead of that
+  (forwards and backwards of later microbatches change no weights and are dropped). The gate
+  costs nothing at a synchronous update (a collective anyway), nor in an asynchronous stream
+  with ``m >= p - 1`` (the first stage's ``U(t - 1)`` precedes every stage's ``U(t)``); with
+  fewer microbatches the last stages run more than a step ahead and wait at it;
+- evaluations: an ``E`` of version ``v`` runs where the program places it, or just before
+  ``U(v)`` if the program places it later (which it does on stages ``s >= m`` of a stream), so
+  that the driver has every evaluation of step ``t`` before it opens the gate of ``t + 1``.
+
+After each ``U(t)`` a worker reports its step statistics and times (``rep/{t}/{rank}``). When the
+driver ends the run, every worker evaluates the final version if asked, meets the others at a
+barrier (so that no message still needed is lost) and exits.
+
+Fault injection, for tests: ``ADAPIPE_FAULT=STAGE:STEP:KIND[,...]`` makes stage STAGE, right
+before its update of step STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit``
+with status 3, or ``hang`` (sleep for an hour).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+
+from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
+from .dist_transport import ENDINGS, Board, DistTransport, build_groups
+from .stage import StageExecutor
+
+STARTING, COMPUTING, WAIT_PEER, WAIT_DRIVER, FINISHED = range(5)
+STATE_NAMES = ("starting", "computing", "waiting for a neighbour", "waiting for the driver", "finished")
+
+
+class Ended(Exception):
+    """The driver ended the run: ``verdict`` is ``end``, ``eval`` (end after evaluating the
+    final weights) or ``abort``."""
+
+    def __init__(self, verdict: str):
+        super().__init__(verdict)
+        self.verdict = verdict
+
+
+def torchrun_env() -> dict | None:
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT when launched by torchrun (or an
+    equivalent launcher), else None."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    if not all(k in os.environ for k in keys):
+        return None
+    env = {k: os.environ[k] for k in keys}
+    env["prefix"] = f"adapipe/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    # torchrun's agent hosts the store at MASTER_ADDR:MASTER_PORT; without an agent, rank 0 does
+    env["agent_store"] = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return env
+
+
+class Status:
+    """What each local worker is doing, in shared memory, so that the driver can say which stage
+    hangs: (state, step) per rank."""
+
+    def __init__(self, array, rank: int):
+        self.array, self.i = array, 2 * rank
+
+    def set(self, state: int, step: int | None = None) -> None:
+        if self.array is not None:
+            self.array[self.i] = state
+            if step is not None:
+                self.array[self.i + 1] = step
+
+
+class BoardPlan(Plan):
+    """A replica of the driver's plan, filled from the board as the stage program asks."""
+
+    def __init__(self, max_steps: int, board: Board, status: Status):
+        super().__init__(max_steps)
+        self.board, self.status = board, status
+        self.wait_s = 0.0  # seconds spent fetching phases
+
+    def phase(self, step: int) -> str | None:
+        while step < self.max_steps and step >= len(self.phases):
+            self.status.set(WAIT_DRIVER)
+            t0 = time.perf_counter()
+            value = self.board.get(f"phase/{len(self.phases)}")
+            self.wait_s += time.perf_counter() - t0
+            self.status.set(COMPUTING)
+            if value in ENDINGS:
+                raise Ended(value)
+            self.decide(len(self.phases), value)
+        return super().phase(step)
+
+
+class EvalOrder:
+    """A stage program's actions in the order a worker runs them: the program's, except that
+    ``E(v)`` runs right before ``U(v)`` when the program places it later."""
+
+    def __init__(self, program: StageProgram, eval_at: Callable[[int], bool]):
+        self.program, self.eval_at = program, eval_at
+        self.done: set[int] = set()  # versions evaluated
+
+    def peek(self) -> Action | None:
+        while True:
+            a = self.program.peek()
+            if a is None:
+                return None
+            if a.kind == EVAL and a.version in self.done:  # ran early
+                self.program.pop()
+                continue
+            if a.kind == UPDATE and self.eval_at(a.step - 1) and a.step not in self.done:
+                return Action(EVAL, -1, a.step - 1, a.step, SYNC)
+            return a
+
+    def pop(self) -> Action | None:
+        a = self.peek()
+        if a is not None and a.kind == EVAL:
+            self.done.add(a.version)
+            if self.program.peek() != a:  # an early evaluation: the program's next is U(v)
+                return a
+        self.program.pop()
+        return a
+
+
+class Worker:
+    """Stage ``rank`` of the run described by ``spec`` (see :class:`..dist.DistRuntime`)."""
+
+    def __init__(self, board: Board, spec: dict, rank: int, device: torch.device, status: Status):
+        from ..data import build_data
+        from ..train import build
+
+        self.board, self.rank, self.device, self.status = board, rank, device, status
+        cfg = self.cfg = OmegaConf.create(spec["config"])
+        p, m = cfg.pipeline.stages, cfg.pipeline.microbatches
+        self.p, self.last = p, rank == p - 1
+        torch.set_num_threads(spec["threads"])
+        torch.manual_seed(cfg.seed)
+        data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
+        gcfg = build.model_config(cfg, data.vocab_size)
+        choice = build.schedule_choice(cfg)
+        eval_steps = set(spec["eval_steps"])
+        self.eval_at = eval_steps.__contains__
+        self.plan = BoardPlan(cfg.train.max_steps, board, status)
+        (module,), (opt,) = build.make_stages(cfg, gcfg, which=[rank])
+        module.to(device)
+        micro = cfg.train.batch_size // m
+        val = [(x.to(device), y.to(device)) for x, y in data.val_batches(micro)]
+        d, T = gcfg.d_model, cfg.model.block_size
+
+        def shape(channel: str, key) -> tuple:
+            return (val[key[1]][0].shape[0], T, d) if channel == "eval" else (micro, T, d)
+
+        tied = cfg.model.tie_embeddings and p > 1
+        self.transport = DistTransport(rank, p, build_groups(p, tied), shape, device, ahead=spec["backend"] == "gloo",
+                                       on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING))
+        batches = build.Batches(data, cfg.train.batch_size, m)
+        batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
+        self.program = StageProgram(rank, choice.spec, self.plan, self.eval_at)
+        self.ex = StageExecutor(rank, p, m, module, opt, self.transport, batch, build.make_policy(cfg, self.plan),
+                                self.program, grad_clip=cfg.optim.grad_clip, seed=cfg.seed, tied=tied)
+        self.ex.val = val
+        self.order = EvalOrder(self.program, self.eval_at)
+        self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
+        self.eval_s = 0.0  # seconds in evaluations
+        self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
+        self.t0 = 0.0
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.board.put(f"ready/{self.rank}", os.getpid())
+        dist.barrier()  # a common start: every report's times count from here
+        self.t0 = time.perf_counter()
+        verdict = self._loop()
+        if verdict == "abort":
+            raise Ended("abort")
+        if verdict == "eval":
+            v = self.ex.live
+            self._execute(Action(EVAL, -1, v - 1, v, SYNC))
+        self.status.set(WAIT_PEER)
+        dist.barrier()  # every message that someone still needs has been received
+        self.status.set(FINISHED)
+        self.board.put(f"done/{self.rank}", self.ex.live)
+
+    def _loop(self) -> str:
+        """Run the action list until the driver ends the run; returns its verdict."""
+        while True:
+            try:
+                a = self.order.peek()
+            except Ended as e:  # the program asked for the phase of a step after the end
+                return e.verdict if e.verdict == "abort" else self._final_gate()
+            if a is None:  # the plan's last step is done
+                return self._final_gate()
+            self.status.set(COMPUTING, a.step)
+            if a.kind == UPDATE:
+                inject_fault(self.rank, a.step)
+                verdict = self._gate(a.step)
+                if verdict != "go":
+                    return verdict
+            self.order.pop()
+            self._execute(a)
+
+    def _gate(self, step: int) -> str:
+        self.status.set(WAIT_DRIVER, step)
+        t0 = time.perf_counter()
+        verdict = self.board.get(f"go/{step}")
+        self.gate_s += time.perf_counter() - t0
+        self.status.set(COMPUTING)
+        return verdict
+
+    def _final_gate(self) -> str:
+        verdict = self._gate(self.ex.live)
+        if verdict not in ENDINGS:
+            raise RuntimeError(f"stage {self.rank}: the driver released step {self.ex.live} after the end of the plan")
+        return verdict
+
+    def _execute(self, a: Action) -> None:
+        t0, w0 = time.perf_counter(), self.transport.wait_s
+        if not self.ex.ready(a):  # a synchronous update runs its collectives here
+            raise RuntimeError(f"stage {self.rank}: {a} not ready on a blocking transport")
+        self.ex.run(a)
+        dt = time.perf_counter() - t0
+        if a.kind == EVAL:
+            self.eval_s += dt
+            if self.last:
+                self.board.put(f"eval/{a.version}", self.ex.eval_losses.pop(a.version))
+        else:
+            self.busy += dt - (self.transport.wait_s - w0)
+        if a.kind == UPDATE:
+            self._report(a.step)
+
+    def _report(self, step: int) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter() - self.t0
+        st, ex, cuda = self.ex.take_stats(step), self.ex, self.device.type == "cuda"
+        self.board.put(f"rep/{step}/{self.rank}", {
+            "t_end": end, "eval_s": self.eval_s,
+            "busy": float("nan") if cuda else self.busy,
+            "wait_peer_s": self.transport.wait_s, "wait_driver_s": self.gate_s + self.plan.wait_s,
+            "delays": st.delays, "grad_norm": st.grad_norm, "lr": st.lr, "losses": st.losses,
+            "versions": ex.versions_held(), "inflight": len(ex.inflight),
+            "peak_activations": ex.peak_inflight, "peak_weight_versions": ex.peak_versions,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None,
+        })
+
+
+# -- faults ----------------------------------------------------------------------------------------
+def inject_fault(rank: int, step: int) -> None:
+    """Apply ``ADAPIPE_FAULT`` (see the module docstring) before ``U(step)`` of stage ``rank``."""
+    spec = os.environ.get("ADAPIPE_FAULT")
+    if not spec:
+        return
+    for item in spec.split(","):
+        stage, at, kind = item.split(":")
+        if int(stage) != rank or int(at) != step:
+            continue
+        if kind == "raise":
+            raise RuntimeError(f"injected fault at step {step}")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "exit":
+            os._exit(3)
+        if kind == "hang":
+            time.sleep(3600)
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: first line of the message``, without the C++ source location gloo puts first."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return f"{type(e).__name__}: {text}"[:300]
+
+
+def report_error(board: Board | None, rank: int, e: BaseException) -> None:
+    traceback.print_exc(file=sys.stderr)
+    if board is None:
+        return
+    try:
+        board.put(f"error/{rank}", {"time": time.time(), "message": one_line(e)})
+        board.add("errors", 1)
+    except Exception:  # the driver is gone: nobody to tell
+        pass
+
+
+# -- entry points ----------------------------------------------------------------------------------
+def device_for(spec: dict, rank: int, local_rank: int) -> torch.device:
+    if spec["devices"]:
+        return torch.device(spec["devices"][rank])
+    return torch.device(f"cuda:{local_rank}") if spec["backend"] == "nccl" else torch.device("cpu")
+
+
+def serve(board: Board, rank: int, local_rank: int, status: Status, spec_timeout_s: float) -> int:
+    """Join the process group and run stage ``rank``; returns the exit status."""
+    try:
+        board.wait(["spec"], spec_timeout_s)
+        spec = board.get("spec")
+        device = device_for(spec, rank, local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(spec["backend"], store=board.process_group_store(), rank=rank,
+                                world_size=spec["config"]["pipeline"]["stages"],
+                                timeout=datetime.timedelta(seconds=spec["timeout_s"] + 60),
+                                device_id=device if device.type == "cuda" else None)
+        Worker(board, spec, rank, device, status).run()
+        return 0
+    except Ended:
+        return 1  # the driver aborted the run and reports why
+    except BaseException as e:  # noqa: BLE001 - reported to the driver, then the process ends
+        report_error(board, rank, e)
+        return 1
+
+
+def spawn_main(host: str, port: int, prefix: str, rank: int, status_array, log_path: str | None, timeout_s: float,
+               environ: dict) -> None:
+    """Entry point of a worker started by the driver (see :func:`..dist.worker_context`)."""
+    _die_with_parent()
+    os.environ.clear()
+    os.environ.update(environ)
+    _set_name(f"adapipe-stage{rank}")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    if log_path:  # C++ warnings and tracebacks go to the run directory, not the driver's terminal
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+    status = Status(status_array, rank)
+    board = None
+    try:
+        board = Board(host, port, prefix, timeout_s=timeout_s + 60)
+        code = serve(board, rank, rank, status, timeout_s + 60)
+    except BaseException as e:  # noqa: BLE001
+        report_error(board, rank, e)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pending sends of dropped microbatches must not hold the process
+
+
+def torchrun_main(timeout_s: float, spec_timeout_s: float = 3600.0) -> "NoReturn":  # noqa: F821
+    """Entry point of ranks other than 0 under torchrun: run that rank's stage of the job whose
+    driver is rank 0 (which publishes the run's spec)."""
+    env = torchrun_env()
+    rank = int(env["RANK"])
+    board = None
+    try:
+        # the driver publishes the spec once its data and cost profile are ready: wait that long
+        board = Board(env["MASTER_ADDR"], int(env["MASTER_PORT"]), env["prefix"], timeout_s=spec_timeout_s)
+        code = serve(board, rank, int(env["LOCAL_RANK"]), Status(None, rank), spec_timeout_s)
+    except BaseException as e:  # noqa: BLE001
+        report_error(board, rank, e)
+        code = 1
+    if code == 0:
+        print(f"adapipe: rank {rank}: stage {rank} done", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _libc():
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its parent (the driver, or the forkserver, which ends with
+    the driver) dies, whatever the way."""
+    parent = os.getppid()
+    libc = _libc()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
+
+
+def _set_name(name: str) -> None:
+    """The process name that ps, top and /proc/PID/comm show."""
+    libc = _libc()
+    if libc is not None and hasattr(libc, "prctl"):
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+
+
+__all__ = ["Ended", "EvalOrder", "BoardPlan", "Worker", "spawn_main", "torchrun_main", "torchrun_env",
+           "inject_fault", "STATE_NAMES"]

@@ -1,0 +1,382 @@
+"""The distributed runtime: worker processes on gloo give the local runtime's numbers; the
+worker's action order cannot deadlock; faults end the run in one line and leave no process;
+torchrun; gradients equal torch.distributed.pipelining's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from adapipe_cli.config import ConfigError
+from adapipe_cli.runtime.dist import WorkerFailed, choose_backend
+from adapipe_cli.runtime.walk import walk
+from adapipe_cli.runtime.worker import EvalOrder
+from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
+from adapipe_cli.train.loop import train
+from conftest import TINY
+
+ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
+
+
+def records(run_dir: Path) -> tuple[list[dict], list[tuple[int, float]]]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [{k: r[k] for k in COMPARED} for r in recs if r["kind"] == "step"]
+    return steps, [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
+
+
+def local_and_dist(make_cfg, tmp_path, *overrides):
+    """Runs the same config locally and distributed (one thread per process); their records."""
+    local = train(make_cfg(*overrides), tmp_path / "local")
+    dist = train(make_cfg(*overrides, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    return (local, *records(tmp_path / "local")), (dist, *records(tmp_path / "dist"))
+
+
+# -- exactness ---------------------------------------------------------------------------------
+# Bitwise, not merely close: each worker runs its stage's actions in the local runtime's order of
+# operations, with one thread, and a collective sums in stage order.
+SWITCHES = "heuristic.plan=[[async,3],[sync,2],[async,null]]"  # decided by the driver, applied by every worker
+FAST = [("1f1b", 2, 2, ""), ("adapipe", 4, 2, SWITCHES)]  # m < p: evaluations moved before updates
+SLOW = [("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
+        ("pipedream", 4, 2, ""), ("2bw", 4, 4, "")]
+
+
+@pytest.mark.parametrize("schedule,stages,micro,extra", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
+def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, extra):
+    (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
+        make_cfg, tmp_path, f"schedule={schedule}", f"pipeline.stages={stages}", f"pipeline.microbatches={micro}",
+        *([extra] if extra else []))
+    assert dsteps == lsteps
+    assert devals == levals and [v for v, _ in devals] == [0, 4, 8, 12]
+    assert (ds["runtime"], ds["backend"], ds["clock"]) == ("dist", "gloo", "wall")
+    assert ds["final_val_loss"] == ls["final_val_loss"] and ds["time_s"] > 0
+    assert [m["stage"] for m in ds["memory"]] == list(range(stages))
+    assert "runtime=dist backend=gloo clock=wall" in (tmp_path / "dist" / "run.log").read_text()
+    assert (tmp_path / "dist" / "curves.png").stat().st_size > 0
+
+
+def test_early_stops_end_every_stage_at_the_same_step(make_cfg, tmp_path):
+    """A stop at the target and a stop at the time limit (which evaluates the final weights
+    outside the schedule) train exactly the steps the local runtime trains, although the workers
+    run ahead of the driver (the last of 4 stages by two steps with one microbatch)."""
+    common = ("schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=1", "train.batch_size=4")
+    (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
+        make_cfg, tmp_path / "target", *common, "train.target_ppl=1000", "train.stop_at_target=true")
+    assert ds["stopped"] == ls["stopped"] == "target" and ds["steps"] == ls["steps"] == 4
+    assert (dsteps, devals) == (lsteps, levals)
+    (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
+        make_cfg, tmp_path / "time", *common, "train.max_time_s=1e-9")
+    assert ds["stopped"] == ls["stopped"] == "max_time" and ds["steps"] == ls["steps"] == 1
+    assert (dsteps, devals) == (lsteps, levals) and [v for v, _ in devals] == [0, 1]
+
+
+def test_backend_choice_and_device_errors(make_cfg):
+    def choose(*overrides):
+        return choose_backend(make_cfg("pipeline.stages=2", *overrides), launched=False)
+
+    assert choose()[0] == ("nccl" if torch.cuda.device_count() >= 2 else "gloo")
+    assert choose("pipeline.backend=gloo", "pipeline.devices=[cpu,cpu]") == ("gloo", ["cpu", "cpu"])
+    with pytest.raises(ConfigError, match="one per stage"):
+        choose("pipeline.devices=[cpu]")
+    with pytest.raises(ConfigError, match="CUDA|two ranks"):
+        choose("pipeline.backend=nccl", "pipeline.devices=[cuda:0,cuda:0]")
+    with pytest.raises(ConfigError, match="gloo runs on CPUs"):
+        choose("pipeline.backend=gloo", "pipeline.devices=[cuda:0,cuda:1]")
+
+
+# -- the worker's order --------------------------------------------------------------------------
+def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str, every: int) -> list[list[int]]:
+    """Walks every stage's worker order (:class:`EvalOrder`) with the driver's gate (``U(t)``
+    waits until every stage has applied ``U(t-1)`` and the last stage has evaluated version
+    ``t`` when it was due); returns each stage's evaluated versions. Raises on a deadlock."""
+    n = len(phases)
+    plan = Plan(n, phases)
+
+    def eval_at(t):
+        return t == -1 or (t + 1) % every == 0 or t + 1 == n
+
+    spec = ScheduleSpec(p, m, sync, weights)
+    orders = [EvalOrder(StageProgram(s, spec, plan, eval_at), eval_at) for s in range(p)]
+    done: set[tuple] = set()
+    updates, evals, arrived = [0] * p, [[] for _ in range(p)], {}
+
+    def ready(s, a):
+        if a.kind == FORWARD:
+            return s == 0 or ("F", s - 1, a.mb) in done
+        if a.kind == BACKWARD:
+            return s == p - 1 or ("B", s + 1, a.mb) in done
+        if a.kind == EVAL:
+            return s == 0 or ("E", s - 1, a.version) in done
+        if min(updates) < a.step or (eval_at(a.step - 1) and ("E", p - 1, a.step) not in done):
+            return False  # the gate
+        if a.phase == SYNC:
+            arrived.setdefault(a.step, set()).add(s)
+            return len(arrived[a.step]) == p
+        return True
+
+    def execute(s, a):
+        done.add((a.kind, s, a.version if a.kind == EVAL else a.mb))
+        if a.kind == EVAL:
+            assert updates[s] == a.version, f"stage {s} evaluates {a} holding version {updates[s]}"
+            evals[s].append(a.version)
+        if a.kind == UPDATE:
+            updates[s] += 1
+        return range(p)
+
+    walk(orders, range(p), lambda s: orders[s].peek() is None, ready, execute)
+    return evals
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (3, 2), (4, 1), (4, 2), (4, 4), (5, 3)])
+def test_worker_order_with_the_gate_cannot_deadlock(p, m):
+    mixed = ["sync", "async", "async", "sync", "async", "async", "async", "sync"]
+    for sync, weights in (("1f1b", "stash"), ("gpipe", "stash"), ("1f1b", "2bw"), ("1f1b", "vertical")):
+        if weights == "2bw" and m < p - 1:
+            continue
+        for phases in (["async"] * 8, ["sync"] * 8, mixed):
+            for every in (1, 3):
+                evals = run_worker_orders(p, m, phases, sync, weights, every)
+                want = sorted({0, *(t + 1 for t in range(8) if (t + 1) % every == 0 or t == 7)})
+                assert evals == [want] * p
+
+
+# -- faults ------------------------------------------------------------------------------------
+RUN = [*TINY, "pipeline.runtime=dist", "pipeline.stages=3", "pipeline.microbatches=2", "train.max_steps=3000",
+       "train.eval_every=1000"]
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process under ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.add(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Run:
+    """``adapipe train`` in a subprocess, watched: its process tree and its progress."""
+
+    def __init__(self, tmp_path, *overrides, fault: str | None = None):
+        self.dir = tmp_path / "run"
+        env = dict(ENV, ADAPIPE_FAULT=fault) if fault else ENV
+        exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+        self.proc = subprocess.Popen([exe, "train", *RUN, *overrides, f"hydra.run.dir={self.dir}"], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.seen: set[int] = set()
+
+    def steps(self) -> int:
+        path = self.dir / "metrics.jsonl"
+        return path.read_text().count('"kind": "step"') if path.exists() else 0
+
+    def wait_for(self, cond, timeout: float = 120.0) -> float:
+        """Polls until ``cond()`` or the process ends; returns the time it held."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.seen |= descendants(self.proc.pid)
+            if cond() or self.proc.poll() is not None:
+                return time.monotonic()
+            time.sleep(0.05)
+        raise AssertionError("timed out waiting")
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, str]:
+        _, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, err
+
+    def assert_no_process_left(self) -> None:
+        assert len(self.seen) >= 3, "the workers were never seen"
+        deadline = time.monotonic() + 2.0
+        while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in self.seen if alive(p)]
+
+
+def error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if line.startswith("adapipe: error:")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err, err
+    return lines[0]
+
+
+def workers_alive() -> list[int]:
+    return [p for p in descendants(os.getpid()) if comm(p).startswith("adapipe-stage") and alive(p)]
+
+
+@pytest.mark.parametrize("kind,cause", [("kill", "died: killed by signal SIGKILL"),
+                                        ("raise", "failed: RuntimeError: injected fault at step 6")])
+def test_a_failing_worker_ends_the_run(make_cfg, tmp_path, monkeypatch, kind, cause):
+    """In the test's process (the CLI's exit status and single line are tested below)."""
+    monkeypatch.setenv("ADAPIPE_FAULT", f"1:6:{kind}")
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailed, match=rf"^stage 1 \(rank 1\) {cause}"):
+        train(make_cfg(*RUN[len(TINY):]), tmp_path)
+    assert time.monotonic() - t0 < 10  # start-up included
+    assert len(records(tmp_path)[0]) == 6  # steps 0..5
+    assert not workers_alive()
+
+
+@pytest.mark.slow
+def test_a_worker_killed_from_outside_ends_the_run(tmp_path):
+    run = Run(tmp_path)
+    run.wait_for(lambda: run.steps() >= 3)
+    workers = [p for p in run.seen if comm(p) == "adapipe-stage1"]
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)
+    killed = time.monotonic()
+    code, err = run.finish()
+    assert time.monotonic() - killed < 10
+    assert code == 1
+    assert "stage 1 (rank 1) died: killed by signal SIGKILL" in error_line(err)
+    run.assert_no_process_left()
+
+
+@pytest.mark.slow
+def test_a_worker_that_exits_ends_the_run(tmp_path):
+    run = Run(tmp_path, fault="0:5:exit")
+    run.wait_for(lambda: False, timeout=60)
+    code, err = run.finish()
+    assert code == 1 and "stage 0 (rank 0) died: exited with status 3" in error_line(err)
+    run.assert_no_process_left()
+
+
+def test_a_hanging_worker_is_caught_by_the_timeout(tmp_path):
+    run = Run(tmp_path, "pipeline.timeout_s=2", fault="1:10:hang")
+    seen = run.wait_for(lambda: run.steps() >= 10)
+    code, err = run.finish()
+    assert time.monotonic() - seen < 2 + 10
+    assert code == 1
+    line = error_line(err)
+    assert "stage 1 (rank 1) made no progress for 2s" in line and "step 10" in line
+    run.assert_no_process_left()
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    run = Run(tmp_path)
+    run.wait_for(lambda: run.steps() >= 3)
+    run.proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    code, err = run.finish()
+    assert time.monotonic() - sent < 10
+    assert code == 130 and "interrupted" in error_line(err)
+    run.assert_no_process_left()
+
+
+# -- torchrun ------------------------------------------------------------------------------------
+def test_torchrun_gives_the_local_losses(make_cfg, tmp_path):
+    args = ["pipeline.stages=2", "pipeline.microbatches=2", "schedule=pipedream"]
+    train(make_cfg(*args), tmp_path / "local")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "adapipe_cli.cli.main", "train", *TINY, *args, "pipeline.runtime=dist", "pipeline.timeout_s=60",
+           f"hydra.run.dir={tmp_path / 'torchrun'}"]
+    out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert records(tmp_path / "torchrun") == records(tmp_path / "local")
+    summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())
+    assert (summary["runtime"], summary["backend"]) == ("dist", "gloo")
+
+
+def test_torchrun_needs_the_dist_runtime(tmp_path):
+    env = dict(ENV, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    out = subprocess.run([exe, "train", *TINY, "pipeline.stages=2", f"hydra.run.dir={tmp_path}"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "pipeline.runtime=dist" in error_line(out.stderr)
+
+
+# -- torch.distributed.pipelining ------------------------------------------------------------------
+class _NoUpdates:
+    """The update policy of a run that stops before its first update."""
+
+    def release(self, *args) -> None:
+        pass
+
+
+def _pipelining_rank(rank: int, port: int, schedule: str, out: str) -> None:
+    """One rank: torch's schedule and adapipe's stage executor each compute step 0's gradient
+    of the same stage; both are saved for the test to compare."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from adapipe_cli.model import GPTConfig, build_stages, lm_loss, partition
+    from adapipe_cli.runtime.dist_transport import DistTransport, build_groups
+    from adapipe_cli.runtime.stage import StageExecutor
+    from adapipe_cli.schedules import Plan, ScheduleSpec, StageProgram
+
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    p, m = 2, 4
+    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=4, d_model=32, n_head=2)
+    seq = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(0))
+    x, y = seq[:, :-1], seq[:, 1:]
+
+    module = build_stages(cfg, partition(cfg, p), seed=0)[rank]
+    cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
+    sched = cls(PipelineStage(module, rank, p, torch.device("cpu")), n_microbatches=m, loss_fn=lm_loss)
+    sched.step(x) if rank == 0 else sched.step(target=y)
+    theirs = [q.grad.clone() for q in module.parameters()]
+
+    module = build_stages(cfg, partition(cfg, p), seed=0)[rank]
+    plan = Plan(1, ["sync"])
+    program = StageProgram(rank, ScheduleSpec(p, m, schedule), plan)
+    transport = DistTransport(rank, p, build_groups(p, False), lambda c, k: (2, 16, 32), torch.device("cpu"))
+    ex = StageExecutor(rank, p, m, module, None, transport, lambda t, i: (x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]),
+                       _NoUpdates(), program)
+    while program.peek().kind != "U":
+        ex.run(program.pop())
+    torch.save({"theirs": theirs, "ours": ex.grads[0]}, f"{out}/rank{rank}.pt")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
+def test_sync_gradients_equal_torch_pipelining(tmp_path, schedule):
+    import torch.distributed as dist
+
+    from adapipe_cli.runtime.dist import worker_context
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = worker_context()
+    procs = [ctx.Process(target=_pipelining_rank, args=(r, store.port, schedule, str(tmp_path))) for r in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(120)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    for r in range(2):
+        g = torch.load(tmp_path / f"rank{r}.pt")
+        assert len(g["theirs"]) == len(g["ours"])
+        for a, b in zip(g["ours"], g["theirs"]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)

@@ -15,6 +15,12 @@ window, so the rates are the ones *now*). Integrated over the steps,
 grid search on the residual. The curve's shape is absorbed by ``a`` and ``gamma``, so only the
 phases' own rates are compared; their ratio is unbiased under a multiplicative slow-down.
 Standard errors come from the residuals, so a heuristic can ignore differences noise could explain.
+
+A switch has a one-time cost on top of the rates: the pipeline drains or fills, and a switch into
+async first trains on weights that become stale all at once (a loss spike). With
+``transients=True`` every phase change k in the window adds a level term ``delta_k * [i >= k]``,
+so the rates come from the slopes *within* each phase's stretch (the steady state a longer stay
+would see) and the jumps ``delta_k`` (positive: the loss rose) measure what each switch cost.
 """
 
 from __future__ import annotations
@@ -32,13 +38,15 @@ class Rates:
     async_: float  # ... in async
     diff_se: float  # standard error of async_ - sync
     n: int
+    jumps: tuple[float, ...] = ()  # loss jump at each phase change in the window, in order
 
     @property
     def diff(self) -> float:
         return self.async_ - self.sync
 
 
-def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each: int = 3) -> Rates | None:
+def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each: int = 3,
+              transients: bool = False) -> Rates | None:
     """Fit the model above to consecutive observations (phase, loss, x-increment of the step).
     Returns None unless both phases have at least ``min_each`` observations. The standard error is
     trustworthy when the window has the same phase on both sides of the other (see
@@ -51,10 +59,12 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     y = np.asarray(losses, dtype=float)
     x = np.cumsum(d)
     span = x[-1] if x[-1] > 0 else 1.0
+    changes = [i for i in range(1, n) if phases[i] != phases[i - 1]] if transients else []
+    steps = [(np.arange(n) >= k).astype(float) for k in changes]
     best = None
     for gs in np.linspace(-4.0, 0.9, 80):  # gamma * span: g(0) = 1 - gs, from 5 (slowing down) to 0.1
         w = d * (1 + gs * (x - span) / span) / span  # x in units of the window's length
-        design = np.column_stack([np.ones(n), -np.cumsum(w * (1 - is_async)), -np.cumsum(w * is_async)])
+        design = np.column_stack([np.ones(n), -np.cumsum(w * (1 - is_async)), -np.cumsum(w * is_async), *steps])
         coef, *_ = np.linalg.lstsq(design, y, rcond=None)
         resid = y - design @ coef
         sse = float(resid @ resid)
@@ -67,4 +77,5 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     except np.linalg.LinAlgError:
         return None
     var_diff = cov[2, 2] + cov[1, 1] - 2 * cov[1, 2]
-    return Rates(sync=coef[1] / span, async_=coef[2] / span, diff_se=float(np.sqrt(max(var_diff, 0.0))) / span, n=n)
+    return Rates(sync=coef[1] / span, async_=coef[2] / span, diff_se=float(np.sqrt(max(var_diff, 0.0))) / span, n=n,
+                 jumps=tuple(float(c) for c in coef[3:]))

@@ -11,9 +11,12 @@
   simulator's prediction for the same cost profile until both have been seen.
 
 Progress per second in async relative to sync is E x R. Async becomes current when
-E x R > 1 + margin, sync when E x R < 1 - margin (a dead band against flapping), and a probe whose
-E_hat is within ``confidence`` standard errors of the break-even 1/R leaves the current phase in
-place.
+E x R > 1 + margin + c, sync when E x R < 1 - margin - c (a dead band against flapping), where c
+is the cost of a round trip of switches as a fraction of the horizon until the next probe: the
+loss jumps measured at the probe's switches (the transition spike, see :mod:`.estimate`) and the
+predicted drain and fill, in sync steps. E comes from the steady slopes, so the transient does not
+count twice. A probe whose E_hat is within ``confidence`` standard errors of the break-even 1/R
+leaves the current phase in place.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ class Goodput(Prober):
 
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
-        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window))
+        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window),
+                          transients=True)
         R = self.throughput_ratio(window)
         if rates is None or rates.sync <= 0:
             return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, False
@@ -50,14 +54,21 @@ class Goodput(Prober):
         beta = 1.0 - c.smoothing
         self.E = e_hat if self.E is None else (1 - beta) * self.E + beta * e_hat
         goodput = self.E * R
+        sync_t = self.ctx.sync_step_time or 1.0
+        jumps = sum(max(0.0, j) for j in rates.jumps) / rates.sync  # in sync steps of progress
+        cost = (jumps + self.ctx.switch_time / sync_t) / max(1, self.interval)
         # is the difference from break-even (async per-step progress = sync's / R) significant?
         significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)
-        info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "significant": significant}
-        if significant and goodput > 1 + c.margin:
-            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin", info, True
-        if significant and goodput < 1 - c.margin:
-            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin", info, True
-        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info, False
+        info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "switch_cost": cost,
+                "significant": significant}
+        if significant and goodput > 1 + c.margin + cost:
+            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin + {cost:.3f}", info, True
+        if significant and goodput < 1 - c.margin - cost:
+            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin - {cost:.3f}", info, True
+        # keeping the current phase needs less evidence to count as clear: one standard error
+        keep_clear = abs(rates.async_ - rates.sync / R) > rates.diff_se and (
+            (current == ASYNC and goodput > 1 + c.margin) or (current == SYNC and goodput < 1 - c.margin))
+        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info, keep_clear
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E}

@@ -36,6 +36,7 @@ class Prober(Heuristic):
         self.interval = cfg.probe_every
         self.next_probe = cfg.window
         self.probe_start = -1
+        self.last_winner: str | None = None  # the previous clear verdict
         self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 4 * ctx.lookahead + 16)
         self.last_estimates: dict = {}
 
@@ -66,8 +67,11 @@ class Prober(Heuristic):
         window = [o for o in self.history if o.step >= self.probe_start - c.window]
         winner, reason, info, clear = self.judge(window, self.current, probed)
         self.last_estimates = info
-        self.current = winner
-        self.interval = min(2 * self.interval, c.backoff * c.probe_every) if clear else c.probe_every
+        # a verdict extends the interval only if clear and the same as the one before: the first
+        # probes fall early in training, when the phases' relative merit still changes fast
+        confirmed = clear and winner == self.last_winner
+        self.current, self.last_winner = winner, winner if clear else None
+        self.interval = min(2 * self.interval, c.backoff * c.probe_every) if confirmed else c.probe_every
         self.mode, self.next_probe = "exploit", step + self.interval
         return Decision(self.current, reason, info)
 
@@ -78,12 +82,14 @@ class Prober(Heuristic):
 
     def state_dict(self) -> dict:
         return {"current": self.current, "mode": self.mode, "interval": self.interval, "next_probe": self.next_probe,
+                "last_winner": self.last_winner,
                 "probe_start": self.probe_start, "history": [o.__dict__ for o in self.history],
                 "last_estimates": self.last_estimates}
 
     def load_state_dict(self, state: dict) -> None:
         self.current, self.mode, self.interval = state["current"], state["mode"], state["interval"]
         self.next_probe, self.probe_start = state["next_probe"], state["probe_start"]
+        self.last_winner = state.get("last_winner")
         self.history.clear()
         self.history.extend(Observation(**o) for o in state["history"])
         self.last_estimates = state.get("last_estimates", {})

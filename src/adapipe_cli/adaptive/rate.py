@@ -8,12 +8,12 @@ loss curve is common to both phases, and only the phases' own slopes are compare
 
 The probed phase becomes current when its rate beats the current one's by more than
 
-    margin * |r_current| + r_current * switch_time / horizon + confidence * se
+    margin * |r_current| + (r_current * switch_time + jumps) / horizon + confidence * se
 
-``switch_time`` is the predicted drain and fill of a switch (simulator, same cost profile), the
-horizon is the time until the next probe, and ``se`` the standard error of the difference (noise
-alone should not cause switches). The transition's loss spike is inside the probe's measured rate,
-so it is counted as part of the cost of switching too.
+The rates are the steady ones (slopes within each stretch, see :mod:`.estimate`); ``jumps`` is
+what the probe's two switches cost in loss (the transition's spike included), ``switch_time`` the
+predicted drain and fill (simulator, same cost profile), the horizon the time until the next
+probe, and ``se`` the standard error of the difference (noise alone should not cause switches).
 """
 
 from __future__ import annotations
@@ -30,17 +30,21 @@ class Rate(Prober):
 
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
-        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [o.step_time for o in window])
+        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [o.step_time for o in window],
+                          transients=True)
         if rates is None:
             return current, "too few observations to compare", {}, False
         r = {"sync": rates.sync, "async": rates.async_}
         r_cur, r_new = r[current], r[probed]
         probe_times = [o.step_time for o in window if o.phase == probed]
-        horizon = c.probe_every * (median(probe_times) if probe_times else 1.0)
-        needed = c.margin * abs(r_cur) + max(r_cur, 0.0) * self.ctx.switch_time / horizon + c.confidence * rates.diff_se
+        horizon = self.interval * (median(probe_times) if probe_times else 1.0)
+        jumps = sum(max(0.0, j) for j in rates.jumps)
+        needed = (c.margin * abs(r_cur) + (max(r_cur, 0.0) * self.ctx.switch_time + jumps) / horizon
+                  + c.confidence * rates.diff_se)
         info = {"rate_sync": rates.sync, "rate_async": rates.async_, "rate_diff_se": rates.diff_se,
-                "needed_gain": needed, "window_steps": rates.n}
+                "switch_jumps": jumps, "needed_gain": needed, "window_steps": rates.n}
         if r_new - r_cur > needed:
             return probed, f"{probed} rate {r_new:.4g}/s beats {current} {r_cur:.4g}/s by more than {needed:.3g}", info, True
-        clear = r_cur - r_new > c.margin * abs(r_cur) + c.confidence * rates.diff_se
+        # keeping the current phase needs less evidence to count as clear: one standard error
+        clear = r_cur - r_new > c.margin * abs(r_cur) + rates.diff_se
         return current, f"{current} kept: {probed} rate {r_new:.4g}/s vs {r_cur:.4g}/s (needed gain {needed:.3g})", info, clear

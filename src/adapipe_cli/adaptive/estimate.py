@@ -17,10 +17,12 @@ phases' own rates are compared; their ratio is unbiased under a multiplicative s
 Standard errors come from the residuals, so a heuristic can ignore differences noise could explain.
 
 A switch has a one-time cost on top of the rates: the pipeline drains or fills, and a switch into
-async first trains on weights that become stale all at once (a loss spike). With
-``transients=True`` every phase change k in the window adds a level term ``delta_k * [i >= k]``,
-so the rates come from the slopes *within* each phase's stretch (the steady state a longer stay
-would see) and the jumps ``delta_k`` (positive: the loss rose) measure what each switch cost.
+async trains on weights that become stale all at once, which stirs an oscillation that takes a
+few times the staleness to settle. With ``transients=True`` every phase change k in the window
+adds a level term ``delta_k * [i >= k]`` and the ``settle`` observations that follow it are left
+out of the fit (their time still counts), so the rates come from the slopes of each stretch's
+steady part (what a longer stay would see) and the jumps ``delta_k`` (positive: the loss rose)
+measure what each switch cost, its transient included.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class Rates:
 
 
 def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each: int = 3,
-              transients: bool = False) -> Rates | None:
+              transients: bool = False, settle: int = 0) -> Rates | None:
     """Fit the model above to consecutive observations (phase, loss, x-increment of the step).
     Returns None unless both phases have at least ``min_each`` observations. The standard error is
     trustworthy when the window has the same phase on both sides of the other (see
@@ -61,17 +63,23 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     span = x[-1] if x[-1] > 0 else 1.0
     changes = [i for i in range(1, n) if phases[i] != phases[i - 1]] if transients else []
     steps = [(np.arange(n) >= k).astype(float) for k in changes]
+    keep = np.ones(n, dtype=bool)
+    for k in changes:
+        keep[k:k + settle] = False
+    kept_async = (is_async * keep).sum()
+    if kept_async < min_each or keep.sum() - kept_async < min_each:
+        return None
     best = None
     for gs in np.linspace(-4.0, 0.9, 80):  # gamma * span: g(0) = 1 - gs, from 5 (slowing down) to 0.1
         w = d * (1 + gs * (x - span) / span) / span  # x in units of the window's length
-        design = np.column_stack([np.ones(n), -np.cumsum(w * (1 - is_async)), -np.cumsum(w * is_async), *steps])
-        coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-        resid = y - design @ coef
+        design = np.column_stack([np.ones(n), -np.cumsum(w * (1 - is_async)), -np.cumsum(w * is_async), *steps])[keep]
+        coef, *_ = np.linalg.lstsq(design, y[keep], rcond=None)
+        resid = y[keep] - design @ coef
         sse = float(resid @ resid)
         if best is None or sse < best[0]:
             best = (sse, coef, design)
     sse, coef, design = best
-    sigma2 = sse / max(1, n - design.shape[1] - 1)  # one more degree of freedom for gamma
+    sigma2 = sse / max(1, len(design) - design.shape[1] - 1)  # one more degree of freedom for gamma
     try:
         cov = sigma2 * np.linalg.inv(design.T @ design)
     except np.linalg.LinAlgError:

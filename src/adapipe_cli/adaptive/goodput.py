@@ -46,7 +46,7 @@ class Goodput(Prober):
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window),
-                          transients=True)
+                          transients=True, settle=self.settle)
         R = self.throughput_ratio(window)
         if rates is None or rates.sync <= 0:
             return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, False

@@ -29,16 +29,28 @@ def other(phase: str) -> str:
 class Prober(Heuristic):
     def __init__(self, cfg, ctx: Context):
         super().__init__(cfg, ctx)
-        if cfg.start not in (SYNC, ASYNC):
-            raise ValueError(f"heuristic.start={cfg.start!r}: use sync or async")
-        self.current = cfg.start
+        if cfg.start not in (SYNC, ASYNC, "auto"):
+            raise ValueError(f"heuristic.start={cfg.start!r}: use sync, async or auto")
+        self.current = cfg.start if cfg.start != "auto" else self.prior_phase()
+        # observations after a switch left out of the rates: the pipeline's fill or drain and the
+        # oscillation stale gradients start last a few times the first stage's staleness
+        self.settle = 2 * (ctx.lookahead + 1)
+        self.probe_len = cfg.probe_steps + self.settle
         self.mode = "warmup"
         self.interval = cfg.probe_every
         self.next_probe = cfg.window
         self.probe_start = -1
         self.last_winner: str | None = None  # the previous clear verdict
-        self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 4 * ctx.lookahead + 16)
+        self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 8 * ctx.lookahead + 24)
         self.last_estimates: dict = {}
+
+    def prior_phase(self) -> str:
+        """``heuristic.start=auto``: async if its predicted throughput advantage R (simulator, same
+        cost profile) times a prior statistical efficiency ``heuristic.prior_efficiency`` exceeds
+        1, else sync. The first probe corrects a wrong prior."""
+        ctx = self.ctx
+        r = ctx.sync_step_time / ctx.async_step_time if ctx.async_step_time > 0 else 1.0
+        return ASYNC if r * self.cfg.prior_efficiency > 1.0 else SYNC
 
     def observe(self, obs: Observation) -> None:
         self.history.append(obs)
@@ -58,11 +70,11 @@ class Prober(Heuristic):
                 return Decision(self.current, "exploit")
             self.mode, self.probe_start = "probe", step
         if self.mode == "probe":
-            if step < self.probe_start + c.probe_steps:
-                return Decision(probed, f"probe {probed} for {c.probe_steps} steps")
+            if step < self.probe_start + self.probe_len:
+                return Decision(probed, f"probe {probed} for {self.probe_len} steps")
             self.mode = "after"
         # back in the current phase until the steps after the probe have been observed
-        if self.observed_through() < self.probe_start + 2 * c.probe_steps - 1:
+        if self.observed_through() < self.probe_start + 2 * self.probe_len - 1:
             return Decision(self.current, "after probe")
         window = [o for o in self.history if o.step >= self.probe_start - c.window]
         winner, reason, info, clear = self.judge(window, self.current, probed)

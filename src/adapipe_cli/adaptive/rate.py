@@ -31,7 +31,7 @@ class Rate(Prober):
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [o.step_time for o in window],
-                          transients=True)
+                          transients=True, settle=self.settle)
         if rates is None:
             return current, "too few observations to compare", {}, False
         r = {"sync": rates.sync, "async": rates.async_}

@@ -249,7 +249,10 @@ class Trainer:
         self.heuristic.observe(Observation(step, res.phase, signal, time_s, time_s - prev, res.staleness_mean))
         if step + self.lag < self.cfg.train.max_steps:
             self._decide(step + self.lag)
-        self.log.write(self._step_record(res, time_s, st.tokens, self.wall()))
+        rec = self._step_record(res, time_s, st.tokens, self.wall())
+        if self.signal:
+            rec["signal"] = signal  # the held-out loss the heuristic follows
+        self.log.write(rec)
         return self._collect()
 
     def _collect(self) -> dict | None:
@@ -293,7 +296,8 @@ class Trainer:
         self.heuristic.load_state_dict(copy.deepcopy(tr["heuristic"]))
         self.guard.load_state_dict(tr["guard"])
         torch.set_rng_state(tr["rng"])
-        self.runtime.load_state_dict(state["pipeline"])
+        if "pipeline" in state:  # (the dist runtime's workers load their own parts)
+            self.runtime.load_state_dict(state["pipeline"])
 
     def _rollback(self, step: int, res: StepResult, reason: str) -> int:
         """Restore the last good state after step ``step`` tripped the guard; returns the next step."""
@@ -319,14 +323,20 @@ class Trainer:
         return good + 1
 
     def save_checkpoint(self) -> Path:
-        state = self._full_state()
-        for stage in state["pipeline"]["stages"]:
+        # the dist runtime's workers write their own stages' parts (and refuse non-finite weights)
+        write_stages = getattr(self.runtime, "write_checkpoint_parts", None)
+        state = {"trainer": self._trainer_state()} if write_stages else self._full_state()
+        for stage in [] if write_stages else state["pipeline"]["stages"]:
             if not all(bool(torch.isfinite(p).all()) for p in stage["params"]):
                 raise TrainingDiverged(f"refusing to write a checkpoint at step {self.st.steps}: stage "
                                        f"{stage['stage']} has non-finite weights (training diverged)")
         folder = checkpoint.begin(self.dir, self.st.steps)
-        parts = {"trainer": checkpoint.write_part(folder, "trainer", state["trainer"]),
-                 "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
+        if write_stages:
+            parts = write_stages(folder, self.st.steps)
+            parts["trainer"] = checkpoint.write_part(folder, "trainer", state["trainer"])
+        else:
+            parts = {"trainer": checkpoint.write_part(folder, "trainer", state["trainer"]),
+                     "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
         meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": state["trainer"]["lines"],
                 "runtime": self.runtime.name}
         return checkpoint.commit(self.dir, folder, self.st.steps, parts, meta, self.cfg.train.keep_checkpoints)
@@ -340,11 +350,19 @@ class Trainer:
         if diff:
             raise ConfigError(f"checkpoint {folder} belongs to another run: {diff[0]}"
                               + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))
+        written, now = manifest.get("runtime", "local"), runtime_kind(self.cfg)
+        if written != now:  # (pipeline.runtime=auto may resolve differently on another machine)
+            raise ConfigError(f"checkpoint {folder} was written by the {written} runtime, this run uses the {now} "
+                              f"runtime: resume it with pipeline.runtime={written}")
         return folder, manifest
 
     def _restore(self, folder: Path, manifest: dict) -> None:
-        state = {name: checkpoint.read_part(folder, manifest, name) for name in ("trainer", "pipeline")}
+        # the local runtime's pipeline is one part; the dist runtime's workers each read their own
+        names = ("trainer", "pipeline") if "pipeline" in manifest["parts"] else ("trainer",)
+        state = {name: checkpoint.read_part(folder, manifest, name) for name in names}
         self._load_state(state)
+        if hasattr(self.runtime, "restore"):
+            self.runtime.restore(state["trainer"]["run"])
         self.st = RunState(**state["trainer"]["run"])
 
     def _step_record(self, r: StepResult, time_s: float, tokens: int, wall: float) -> dict:

@@ -25,7 +25,7 @@ from statistics import median
 
 from .base import ASYNC, SYNC, Context, Observation
 from .estimate import fit_rates
-from .probing import Prober
+from .probing import CLEAR, DECISIVE, UNCLEAR, Prober
 
 
 class Goodput(Prober):
@@ -43,13 +43,13 @@ class Goodput(Prober):
         async_t = median(t[ASYNC]) if t[ASYNC] else self.ctx.async_step_time
         return sync_t / async_t if async_t > 0 else 1.0
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window),
                           transients=True, settle=self.settle)
         R = self.throughput_ratio(window)
         if rates is None or rates.sync <= 0:
-            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, False
+            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, UNCLEAR
         e_hat = rates.async_ / rates.sync
         beta = 1.0 - c.smoothing
         self.E = e_hat if self.E is None else (1 - beta) * self.E + beta * e_hat
@@ -61,14 +61,18 @@ class Goodput(Prober):
         significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)
         info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "switch_cost": cost,
                 "significant": significant}
+        decisive = goodput > 2 or goodput < 0.5  # one phase at least twice as fast
         if significant and goodput > 1 + c.margin + cost:
-            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin + {cost:.3f}", info, True
+            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin + {cost:.3f}", info, \
+                DECISIVE if decisive else CLEAR
         if significant and goodput < 1 - c.margin - cost:
-            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin - {cost:.3f}", info, True
+            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} < 1 - margin - {cost:.3f}", info, \
+                DECISIVE if decisive else CLEAR
         # keeping the current phase needs less evidence to count as clear: one standard error
         keep_clear = abs(rates.async_ - rates.sync / R) > rates.diff_se and (
             (current == ASYNC and goodput > 1 + c.margin) or (current == SYNC and goodput < 1 - c.margin))
-        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info, keep_clear
+        level = UNCLEAR if not keep_clear else DECISIVE if decisive else CLEAR
+        return current, f"{current} kept: E x R = {goodput:.3f}" + ("" if significant else " (not significant)"), info, level
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E}

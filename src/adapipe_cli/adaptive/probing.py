@@ -7,8 +7,8 @@ been observed let ``judge`` (the heuristic's own rule) say which phase becomes c
 window [``window`` steps before the probe, the probe, the steps after it]. The current phase on
 both sides of the probe pins down the common trend of the loss curve (interpolation rather than
 extrapolation), which keeps the comparison's standard errors honest; the price is one extra
-round trip when a probe wins. A clear verdict (significant and beyond the margin, either way)
-doubles the interval to the next probe, up to ``backoff`` x ``probe_every``: a phase that
+round trip when a probe wins. A decisive verdict (one phase at least twice as fast), or a clear one (significant and beyond
+the margin) that confirms the previous one, doubles the interval to the next probe, up to ``backoff`` x ``probe_every``: a phase that
 dominates costs little probing. An unclear one (near break-even, where the choice matters least
 but can change) resets it to ``probe_every``.
 
@@ -20,6 +20,9 @@ from __future__ import annotations
 from collections import deque
 
 from .base import ASYNC, SYNC, Context, Decision, Heuristic, Observation
+
+
+UNCLEAR, CLEAR, DECISIVE = 0, 1, 2  # how strongly a verdict speaks
 
 
 def other(phase: str) -> str:
@@ -79,17 +82,19 @@ class Prober(Heuristic):
         window = [o for o in self.history if o.step >= self.probe_start - c.window]
         winner, reason, info, clear = self.judge(window, self.current, probed)
         self.last_estimates = info
-        # a verdict extends the interval only if clear and the same as the one before: the first
-        # probes fall early in training, when the phases' relative merit still changes fast
-        confirmed = clear and winner == self.last_winner
+        # a verdict extends the interval if it is decisive (one phase at least twice as fast), or
+        # clear and the same as the one before: the first probes fall early in training, when the
+        # phases' relative merit still changes fast
+        confirmed = clear == DECISIVE or (bool(clear) and winner == self.last_winner)
         self.current, self.last_winner = winner, winner if clear else None
         self.interval = min(2 * self.interval, c.backoff * c.probe_every) if confirmed else c.probe_every
         self.mode, self.next_probe = "exploit", step + self.interval
         return Decision(self.current, reason, info)
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
-        """Which phase becomes current, why, the estimates behind it, and whether the verdict was
-        clear (significant and beyond the margin)."""
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:
+        """Which phase becomes current, why, the estimates behind it, and how clear the verdict
+        was: UNCLEAR, CLEAR (significant and beyond the margin) or DECISIVE (clear, and the winner
+        at least twice as fast)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:

@@ -22,18 +22,18 @@ from statistics import median
 
 from .base import Observation
 from .estimate import fit_rates
-from .probing import Prober
+from .probing import CLEAR, DECISIVE, UNCLEAR, Prober
 
 
 class Rate(Prober):
     name = "rate"
 
-    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, bool]:
+    def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [o.step_time for o in window],
                           transients=True, settle=self.settle)
         if rates is None:
-            return current, "too few observations to compare", {}, False
+            return current, "too few observations to compare", {}, UNCLEAR
         r = {"sync": rates.sync, "async": rates.async_}
         r_cur, r_new = r[current], r[probed]
         probe_times = [o.step_time for o in window if o.phase == probed]
@@ -44,7 +44,9 @@ class Rate(Prober):
         info = {"rate_sync": rates.sync, "rate_async": rates.async_, "rate_diff_se": rates.diff_se,
                 "switch_jumps": jumps, "needed_gain": needed, "window_steps": rates.n}
         if r_new - r_cur > needed:
-            return probed, f"{probed} rate {r_new:.4g}/s beats {current} {r_cur:.4g}/s by more than {needed:.3g}", info, True
+            level = DECISIVE if r_new > 2 * max(r_cur, 0.0) else CLEAR
+            return probed, f"{probed} rate {r_new:.4g}/s beats {current} {r_cur:.4g}/s by more than {needed:.3g}", info, level
         # keeping the current phase needs less evidence to count as clear: one standard error
         clear = r_cur - r_new > c.margin * abs(r_cur) + rates.diff_se
-        return current, f"{current} kept: {probed} rate {r_new:.4g}/s vs {r_cur:.4g}/s (needed gain {needed:.3g})", info, clear
+        level = UNCLEAR if not clear else DECISIVE if r_cur > 2 * max(r_new, 0.0) else CLEAR
+        return current, f"{current} kept: {probed} rate {r_new:.4g}/s vs {r_cur:.4g}/s (needed gain {needed:.3g})", info, level

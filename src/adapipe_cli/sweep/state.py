@@ -58,12 +58,19 @@ class SweepState:
         self.save()
 
     def save(self) -> None:
+        """Write ``sweep.json``, merged with what is on disk: sweeps of disjoint parts of one grid
+        (e.g. ``sweep.stages=[8]`` and ``sweep.stages=[2,4]``) can run at once into one directory,
+        each adding its cells, profiles and targets."""
         g = self.grid
+        old = read_json(self.path) or {}
+        self.profiles = {**old.get("profiles", {}), **self.profiles}
+        self.targets = {**old.get("targets", {}), **self.targets}
+        cells = {c["name"]: c for c in old.get("cells", [])}
+        cells.update({c.name: {"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()})
         write_json(self.path, {
             "name": g.name, "definition": g.definition(), "methods": list(g.methods),
             "compare": g.cfg.compare, "curves": g.cfg.curves,
-            "cells": [{"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()],
-            "profiles": self.profiles, "targets": self.targets,
+            "cells": list(cells.values()), "profiles": self.profiles, "targets": self.targets,
         })
 
     def profile(self, stages: int) -> Path | None:

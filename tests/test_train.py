@@ -140,3 +140,36 @@ def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
     r = run_cli("train", "pipeline.stages=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("mode", ["offline", "disabled"])
+def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", mode)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    s = train(make_cfg("logger=wandb", "train.max_steps=3"), tmp_path / "run")
+    assert s["steps"] == 3 and (tmp_path / "run" / "summary.json").is_file()
+    if mode == "offline":  # the offline run holds the logged history, ready for `wandb sync`
+        runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+        assert runs and any(runs[0].glob("*.wandb"))
+
+
+def test_a_built_wheel_carries_the_configs(tmp_path):
+    """A non-editable install finds its configs inside the package (adapipe_cli/conf)."""
+    import zipfile
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                        str(tmp_path), str(repo)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    (wheel,) = tmp_path.glob("adapipe-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for f in ("adapipe_cli/conf/config.yaml", "adapipe_cli/conf/schedule/adapipe.yaml", "adapipe_cli/conf/sweep/cpu.yaml",
+              "adapipe_cli/sweep/run.py", "adapipe_cli/runtime/worker.py"):
+        assert f in names, f
+    target = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(target)
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    r = subprocess.run([sys.executable, "-c", "import adapipe_cli.config as c; print(c.conf_dir())"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == str(target / "adapipe_cli" / "conf"), r.stdout + r.stderr

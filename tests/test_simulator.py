@@ -171,7 +171,7 @@ def test_adapipe_phases_follow_the_fixed_plan():
     assert prepare(cfg).plan.phases == [ASYNC, ASYNC, SYNC, ASYNC, ASYNC]
     cfg = simulate_cfg("schedule=adapipe", "heuristic.plan=[[async,1],[sync,1]]", "steps=4")
     assert prepare(cfg).plan.phases == [ASYNC, SYNC, SYNC, SYNC]  # the last phase continues
-    assert prepare(simulate_cfg("schedule=2bw", "steps=3")).plan.phases == [ASYNC] * 3
+    assert prepare(simulate_cfg("schedule=2bw", "steps=3", "pipeline.microbatches=4")).plan.phases == [ASYNC] * 3
     assert prepare(simulate_cfg("schedule=gpipe", "steps=2")).plan.phases == [SYNC] * 2
 
 

@@ -14,6 +14,12 @@ The Trainer drives it through the runtime interface: ``decide`` writes a phase t
 ``close`` end the run at the next gate. Times are wall-clock seconds from a barrier that all
 workers pass before their first action, minus the time spent evaluating.
 
+Checkpoints: each worker writes its own stage's part, at the gate of the update after the
+checkpoint's step (see :mod:`.worker` for where the cut is and what crosses it); the driver
+names the temporary folder, writes the Trainer's part and then the manifest, last
+(:meth:`DistRuntime.write_checkpoint_parts`). A resumed run's workers load their parts before
+their first action; its clock continues from the checkpoint's time (:meth:`DistRuntime.restore`).
+
 Faults: a watchdog thread ends the run when a worker process dies, a worker reports an
 exception, or the awaited reports make no progress for ``pipeline.timeout_s``; the other workers
 are terminated and the Trainer gets a :class:`WorkerFailed` whose message is one line naming
@@ -25,6 +31,7 @@ from __future__ import annotations
 import atexit
 import math
 import os
+import shutil
 import sys
 import threading
 import time
@@ -35,6 +42,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
+from ..train import checkpoint
 from .dist_transport import Board
 from .local import StepResult
 from .watchdog import Collector, Watchdog, WorkerFailed
@@ -97,10 +105,6 @@ class DistRuntime:
 
     def __init__(self, trainer):
         cfg = self.cfg = trainer.cfg
-        t = cfg.train
-        if t.checkpoint_every or t.save_final or t.resume:
-            raise ConfigError("pipeline.runtime=dist does not write or resume checkpoints yet: drop "
-                              "train.checkpoint_every, train.save_final and train.resume, or use the local runtime")
         self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
         self.env = torchrun_env()
         self.backend, devices = choose_backend(cfg, self.env is not None)
@@ -108,8 +112,12 @@ class DistRuntime:
         self.eval_steps = {t for t in range(-1, self.max_steps) if trainer.eval_at(t)}
         self.plan = trainer.plan  # the Trainer reads its decisions back from it
         self.reports: dict[int, dict] = {}  # rank -> its latest report
-        self.released = 0  # go/{t} written for every t < released
-        self.due: list[int] = [0] if -1 in self.eval_steps else []  # versions whose evaluation is awaited
+        resume = trainer.resume  # (folder, manifest) of the checkpoint a resumed run continues from
+        self.start = resume[1]["step"] if resume else 0  # the first step of this session
+        self.released = self.start  # go/{t} written for every t < released
+        # versions whose evaluation is awaited (a resumed run has every one up to its checkpoint)
+        self.due: list[int] = [0] if -1 in self.eval_steps and not resume else []
+        self.base = 0.0  # the clock at this session's start: a resumed run's time so far
         self.prev_time, self.prev_busy = 0.0, 0.0
         self.ended = self.closed = False
         self.failure: str | None = None
@@ -132,7 +140,8 @@ class DistRuntime:
         threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
         self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
                                 "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
-                                "threads": threads, "run_dir": str(trainer.dir)})
+                                "threads": threads, "run_dir": str(trainer.dir), "start": self.start,
+                                "parts": self._parts(*resume) if resume else None})
         self.collector = Collector(self.board)
         atexit.register(self._shutdown)  # when close() is never called
         try:
@@ -190,6 +199,48 @@ class DistRuntime:
         self._end("eval")
         self.due.append(version)
 
+    def write_checkpoint_parts(self, folder: Path, step: int) -> dict[str, dict]:
+        """Have every worker write its stage's part of the checkpoint after ``step`` steps into
+        ``folder``; their manifest entries by part name. The workers wait at the gate of
+        ``U(step)``; at a checkpoint that the loop writes when the run ends, the gate is told so
+        first (they learn of a final checkpoint only at the end of the run)."""
+        if step != self.released:
+            raise RuntimeError(f"a checkpoint after {step} steps while the workers are at step {self.released}")
+        if not checkpoint.due(self.cfg.train, step, self.start):
+            self._end("end")
+        self.board.put(f"save/{step}", str(folder))
+        keys = [f"part/{step}/{r}" for r in range(self.p)]
+        entries = self._collect(keys)
+        for key in (f"save/{step}", *keys):
+            self.board.delete(key)
+        bad = [r for r, e in enumerate(entries) if e is None]
+        if bad:
+            from ..train.loop import TrainingDiverged
+
+            shutil.rmtree(folder, ignore_errors=True)
+            raise TrainingDiverged(f"refusing to write a checkpoint at step {step}: stage {bad[0]} has non-finite "
+                                   f"weights (training diverged)")
+        for r, e in enumerate(entries):  # a worker on another machine writes to its own disk otherwise
+            if not (folder / e["file"]).is_file() or (folder / e["file"]).stat().st_size != e["bytes"]:
+                raise ConfigError(f"stage {r} wrote its checkpoint part where the driver cannot read it: under "
+                                  f"torchrun, put the run directory on a filesystem that every node shares")
+        return {checkpoint.stage_part(r): e for r, e in enumerate(entries)}
+
+    def restore(self, run: dict) -> None:
+        """Continue a resumed run whose Trainer state (``run``: its RunState) is restored: the
+        workers, which read their parts themselves, get the phases decided before the checkpoint;
+        the clock goes on from the checkpoint's time."""
+        self.board.put("resume/phases", list(self.plan.phases))
+        self.base = self.prev_time = run["time_s"] - run["offset"]
+
+    def _parts(self, folder: Path, manifest: dict) -> dict[int, str]:
+        """The file of each stage's part of a (verified) checkpoint."""
+        names = [checkpoint.stage_part(r) for r in range(self.p)]
+        missing = [n for n in names if n not in manifest["parts"]]
+        if missing:
+            raise ConfigError(f"checkpoint {folder} has no part {missing[0]}: it was not written by this pipeline")
+        return {r: str(Path(folder) / manifest["parts"][n]["file"]) for r, n in enumerate(names)}
+
     def memory(self) -> list[dict]:
         keys = ("peak_activations", "peak_weight_versions", "peak_rss_mb", "peak_device_mb")
         return [{"stage": r, "rank": r, **{k: rep[k] for k in keys}} for r, rep in sorted(self.reports.items())]
@@ -215,8 +266,10 @@ class DistRuntime:
     # -- internals -----------------------------------------------------------------------------
     def _result(self, t: int, reps: list[dict]) -> StepResult:
         # an evaluation holds up the whole pipeline for about as long as the stage that waits
-        # longest in it (the last), so the largest evaluation time comes off the clock
-        now = max(max(r["t_end"] for r in reps) - max(r["eval_s"] for r in reps), self.prev_time)
+        # longest in it (the last), so the largest evaluation time comes off the clock; so does
+        # the time spent writing checkpoints
+        paused = max(r["eval_s"] + r["save_s"] for r in reps)
+        now = max(self.base + max(r["t_end"] for r in reps) - paused, self.prev_time)
         busy = sum(r["busy"] for r in reps)
         span = now - self.prev_time
         bubble = 1.0 - (busy - self.prev_busy) / (self.p * span) if span > 0 else float("nan")
@@ -292,6 +345,8 @@ class DistRuntime:
             self.ended = True
             self.board.put(f"go/{self.released}", "abort")
             self.board.put(f"phase/{self.plan.decided()}", "abort")
+        if not self.board.has(f"save/{self.released}"):  # nor wait for a checkpoint's folder
+            self.board.put(f"save/{self.released}", None)
 
     def _stop_watchdog(self) -> None:
         if hasattr(self, "watchdog"):

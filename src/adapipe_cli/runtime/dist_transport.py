@@ -12,6 +12,10 @@ per-step permission to update, per-step reports, evaluation results and errors. 
     eval/{v}             validation losses of weight version v (last stage)
     error/{r}, errors    rank r's exception message; a counter of errors reported
     done/{r}             rank r finished cleanly
+    save/{t}             the temporary folder of the checkpoint after t steps (None: the run was aborted)
+    part/{t}/{r}         rank r's part of that checkpoint is written: its manifest entry (None: not finite)
+    resume/phases        a resumed run's phases, decided before its checkpoint
+    resume/expect/{r}    a resumed rank r's first activation still to receive (the previous rank sends it again)
 
 The transport carries activations, gradients and validation activations between neighbouring
 stages, and the two collectives of a synchronous update (global gradient norm, tied embeddings).

@@ -324,15 +324,18 @@ class StageExecutor:
         clone = lambda ts: [t.detach().clone() for t in ts]  # noqa: E731
         # weights of in-flight microbatches that are neither live nor a stashed version (predicted
         # ones): saved as they are, since the velocity they were predicted with has moved on
-        own = {id(w) for w in self.copies.values()}
+        own = {id(w): v for v, w in self.copies.items()}
         extra = {id(r.weights): r.weights for r in self.inflight.values() if r.weights is not None and id(r.weights) not in own}
         order = list(extra)
         return {
             "stage": self.s, "live": self.live, "program": self.program.popped,
             "params": clone(self.params), "optimizer": self.opt.state_dict(),
             "copies": {v: clone(w) for v, w in self.copies.items()},
+            # a stashed version is named: recomputing the weights could predict where the forward
+            # did not (a velocity that appeared since, with the stage's first update)
             "inflight": {mb: {"action": tuple(r.action), "x": r.x.detach().clone(),
-                              "weights": order.index(id(r.weights)) if id(r.weights) in extra else None}
+                              "weights": order.index(id(r.weights)) if id(r.weights) in extra else None,
+                              "stashed": own.get(id(r.weights))}
                          for mb, r in self.inflight.items()},
             "inflight_weights": [clone(extra[i]) for i in order],
             "grads": {t: clone(g) for t, g in self.grads.items()},
@@ -365,6 +368,8 @@ class StageExecutor:
         saved = [[t.clone().requires_grad_(True) for t in w] for w in state["inflight_weights"]]
         for mb, rec in sorted(state["inflight"].items()):
             w = saved[rec["weights"]] if rec["weights"] is not None else None
+            if rec.get("stashed") is not None:
+                w = self.copies[int(rec["stashed"])]
             self._refill(Action(*rec["action"]), rec["x"], w)
 
     def _refill(self, a: Action, x: torch.Tensor, w: list[torch.Tensor] | None) -> None:

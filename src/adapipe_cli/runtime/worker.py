@@ -20,6 +20,27 @@ After each ``U(t)`` a worker reports its step statistics and times (``rep/{t}/{r
 driver ends the run, every worker evaluates the final version if asked, meets the others at a
 barrier (so that no message still needed is lost) and exits.
 
+Checkpoints (:mod:`..train.checkpoint`): the cut is the gate. At the gate of ``U(k)`` a stage
+has run exactly the actions before ``U(k)`` in its order, whatever the timing, so its state there
+is a function of the run; where the training loop writes a checkpoint after ``k`` steps
+(:func:`~..train.checkpoint.due`, and :func:`~..train.checkpoint.due_at_end` when the run ends
+at that gate), each worker writes its stage's part into the temporary folder the driver names
+(``save/{k}``) and reports the part's manifest entry (``part/{k}/{rank}``); the driver writes the
+manifest last. What crosses this cut between stages ``s`` and ``s + 1``:
+
+- gradients: none. ``U(k)`` comes right after the backward of the last microbatch of step ``k``
+  and backwards run in microbatch order, so at their gates both stages have run the backwards of
+  exactly the microbatches of steps ``<= k``: every gradient ``s + 1`` sent, ``s`` received.
+- evaluations: none. ``E(v)`` needs version ``v`` and runs before ``U(v)`` (see above), so at the
+  gate of ``U(k)`` every stage has run ``E(v)`` for every ``v <= k`` and none after.
+- activations: those of the microbatches ``s`` has forwarded and ``s + 1`` has not, all still in
+  flight at ``s`` (their backward at ``s`` needs ``s + 1``'s). Nobody's state holds them: on
+  resume ``s + 1`` publishes the first microbatch it expects (``resume/expect/{s + 1}``) and ``s``
+  sends the outputs of those microbatches again, recomputed from their saved inputs, before
+  anything else on that channel. A receive that gloo had posted ahead at ``s + 1`` (see
+  :class:`.dist_transport.DistTransport`) is not part of the state: whether or not its message
+  had arrived, no forward consumed it, so the resent copy takes its place.
+
 Fault injection, for tests: ``ADAPIPE_FAULT=STAGE:STEP:KIND[,...]`` makes stage STAGE, right
 before its update of step STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit``
 with status 3, or ``hang`` (sleep for an hour).
@@ -35,6 +56,7 @@ import signal
 import sys
 import time
 import traceback
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -42,6 +64,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
+from ..train import checkpoint
 from .dist_transport import ENDINGS, Board, DistTransport, build_groups
 from .stage import StageExecutor
 
@@ -177,19 +200,27 @@ class Worker:
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
         self.eval_s = 0.0  # seconds in evaluations
         self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
+        self.save_s = 0.0  # seconds at checkpoint gates: writing this stage's part, waiting for the driver's
         self.t0 = 0.0
+        self.start = spec["start"]  # the step this session starts at (a resumed run's checkpoint)
+        self.part = spec["parts"][rank] if spec["parts"] else None  # this stage's part of that checkpoint
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         self.board.put(f"ready/{self.rank}", os.getpid())
+        resend = self._restore(self.part) if self.part is not None else []
         dist.barrier()  # a common start: every report's times count from here
         self.t0 = time.perf_counter()
+        for mb, out in resend:  # in order, before any other activation
+            self.transport.send("act", self.rank, self.rank + 1, mb, out)
         verdict = self._loop()
         if verdict == "abort":
             raise Ended("abort")
         if verdict == "eval":
             v = self.ex.live
             self._execute(Action(EVAL, -1, v - 1, v, SYNC))
+        if checkpoint.due_at_end(self.cfg.train, self.ex.live):  # the run's final checkpoint
+            self._save(self.ex.live)
         self.status.set(WAIT_PEER)
         dist.barrier()  # every message that someone still needs has been received
         self.status.set(FINISHED)
@@ -214,10 +245,18 @@ class Worker:
             self._execute(a)
 
     def _gate(self, step: int) -> str:
-        self.status.set(WAIT_DRIVER, step)
+        saving = checkpoint.due(self.cfg.train, step, self.start)
         t0 = time.perf_counter()
+        if saving:
+            self._save(step)
+        self.status.set(WAIT_DRIVER, step)
+        t1 = time.perf_counter()
         verdict = self.board.get(f"go/{step}")
-        self.gate_s += time.perf_counter() - t0
+        # a checkpoint's whole pause (this part, the others, the driver's manifest) is not training time
+        if saving:
+            self.save_s += time.perf_counter() - t0
+        else:
+            self.gate_s += time.perf_counter() - t1
         self.status.set(COMPUTING)
         return verdict
 
@@ -242,13 +281,55 @@ class Worker:
         if a.kind == UPDATE:
             self._report(a.step)
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def _save(self, step: int) -> None:
+        """Write this stage's part of the checkpoint after ``step`` steps (this worker waits at the
+        gate of ``U(step)``) into the folder the driver names; report its manifest entry, or None
+        for weights that are not finite (the driver then refuses the checkpoint)."""
+        self.status.set(WAIT_DRIVER, step)
+        folder = self.board.get(f"save/{step}")
+        if folder is None:  # the driver gave up on the run
+            raise Ended("abort")
+        self.status.set(COMPUTING)
+        state = self.ex.state_dict()
+        entry = None
+        if all(bool(torch.isfinite(p).all()) for p in state["params"]):
+            part = {"step": step, "executor": state, "forwarded": self.program.next_f}  # microbatches forwarded so far
+            entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.rank), part)
+        self.board.put(f"part/{step}/{self.rank}", entry)
+
+    def _restore(self, path: str) -> list[tuple[int, torch.Tensor]]:
+        """Continue from this stage's part of the checkpoint after ``start`` steps (verified by the
+        driver); returns the activations to send again, those the next stage had not received at
+        the cut (see the module docstring), as (microbatch, output)."""
+        part = torch.load(path, map_location=self.device, weights_only=False)
+        if part["step"] != self.start:
+            raise RuntimeError(f"stage {self.rank}: {path} holds step {part['step']}, not {self.start}")
+        self.status.set(WAIT_DRIVER)
+        self.plan.phases[:] = self.board.get("resume/phases")  # decided before the checkpoint, restored by the driver
+        self.status.set(COMPUTING)
+        # fast-forwards the program to the cut and recomputes the in-flight forwards
+        self.ex.load_state_dict(part["executor"], self.program)
+        # every evaluation of a version <= start ran before the cut, and the driver has its loss
+        self.order.done.update(range(self.start + 1))
+        forwarded = part["forwarded"]
+        if self.rank > 0:
+            self.board.put(f"resume/expect/{self.rank}", forwarded)
+        if self.last:
+            return []
+        first = self.board.get(f"resume/expect/{self.rank + 1}")
+        missing = [mb for mb in range(first, forwarded) if mb not in self.ex.inflight]
+        if missing:
+            raise RuntimeError(f"stage {self.rank}: microbatches {missing} crossed the cut but are not in flight")
+        return [(mb, self.ex.inflight[mb].out.detach()) for mb in range(first, forwarded)]
+
     def _report(self, step: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter() - self.t0
         st, ex, cuda = self.ex.take_stats(step), self.ex, self.device.type == "cuda"
         self.board.put(f"rep/{step}/{self.rank}", {
-            "t_end": end, "eval_s": self.eval_s,
+            "t_end": end, "eval_s": self.eval_s, "save_s": self.save_s,
             "busy": float("nan") if cuda else self.busy,
             "wait_peer_s": self.transport.wait_s, "wait_driver_s": self.gate_s + self.plan.wait_s,
             "delays": st.delays, "grad_norm": st.grad_norm, "lr": st.lr, "losses": st.losses,

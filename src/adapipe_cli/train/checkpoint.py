@@ -25,13 +25,33 @@ PREFIX = "step-"
 
 # keys that may differ between a checkpoint and the run that resumes it: none of them changes the
 # numbers a run produces
+# (not ``pipeline.runtime``: the two runtimes cut the pipeline at different points and store it in
+# different parts, ``pipeline`` vs ``stage-S``, so a checkpoint resumes on the runtime that wrote it)
 FREE_KEYS = {
     "train.max_time_s", "train.target_ppl", "train.stop_at_target", "train.checkpoint_every",
     "train.keep_checkpoints", "train.save_final", "train.resume", "train.progress",
-    "pipeline.threads", "pipeline.timeout_s", "pipeline.order", "pipeline.runtime", "pipeline.backend",
+    "pipeline.threads", "pipeline.timeout_s", "pipeline.order", "pipeline.backend",
     "pipeline.devices", "pipeline.profile", "pipeline.profile_reps", "data.cache_dir", "data.path",
     "data.train", "data.valid",
 }
+
+
+def stage_part(stage: int) -> str:
+    """The name of a distributed run's part holding stage ``stage``'s state."""
+    return f"stage-{stage}"
+
+
+def due(train, steps: int, start: int) -> bool:
+    """Whether the training loop writes a checkpoint after ``steps`` steps (``start``: the step a
+    resumed session started at, whose checkpoint exists already). Mirrors :meth:`Trainer.run`, so
+    that the workers of a distributed run know in advance at which gates to write their parts."""
+    return bool(train.checkpoint_every) and steps > start and steps % train.checkpoint_every == 0
+
+
+def due_at_end(train, steps: int) -> bool:
+    """Whether a run that ends after ``steps`` steps writes its final checkpoint then (``save_final``
+    and not written already by :func:`due`). Mirrors :meth:`Trainer.run`."""
+    return bool(train.save_final) and not (train.checkpoint_every and steps % train.checkpoint_every == 0)
 
 
 class CheckpointError(RuntimeError):

@@ -12,7 +12,6 @@ backward, and it must not change the weights the backward differentiates.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -382,8 +381,3 @@ class StageExecutor:
             out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
         self.inflight[a.mb] = InFlight(a, a.version, w, x, out)
 
-
-def timed(fn: Callable[[], None]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

@@ -153,7 +153,8 @@ def test_trend_corrected_fit_recovers_the_phase_rates():
 
 
 def test_start_auto_follows_the_predicted_throughput_ratio():
-    assert heuristic("rate", start="auto").current == "sync"  # R = 2, prior efficiency 0.5: break-even
+    assert heuristic("rate", start="auto").current == "sync"  # R = 2, the Adam family's prior 0.4
+    assert heuristic("rate", start="auto", prior_efficiency=0.5).current == "sync"  # break-even
     assert heuristic("rate", start="auto", prior_efficiency=0.8).current == "async"
 
 

@@ -39,6 +39,7 @@ class Context:
     sync_step_time: float = 0.0
     async_step_time: float = 0.0
     switch_time: float = 0.0  # predicted drain + fill time of one switch
+    lr_warmup: int = 0  # steps of the learning-rate warm-up (its steep start is no time to compare phases)
     extra: dict = field(default_factory=dict)
 
 

@@ -1,14 +1,16 @@
 """Exploit one phase, probe the other now and then, and judge from a window that holds both.
 
-The common skeleton of ``rate`` and ``goodput``: after a warm-up of ``window`` steps in
-``heuristic.start``, run the *current* phase; every ``interval`` steps run the other phase for
+The common skeleton of ``rate`` and ``goodput``: after the learning-rate warm-up and ``window``
+more steps in ``heuristic.start`` (the loss falls too steeply at first for two stretches of it to
+be compared), run the *current* phase; every ``interval`` steps run the other phase for
 ``probe_steps`` steps, return to the current phase for ``probe_steps`` more, and once those have
 been observed let ``judge`` (the heuristic's own rule) say which phase becomes current, from the
 window [``window`` steps before the probe, the probe, the steps after it]. The current phase on
 both sides of the probe pins down the common trend of the loss curve (interpolation rather than
 extrapolation), which keeps the comparison's standard errors honest; the price is one extra
 round trip when a probe wins. A decisive verdict (one phase at least twice as fast), or a clear one (significant and beyond
-the margin) that confirms the previous one, doubles the interval to the next probe, up to ``backoff`` x ``probe_every``: a phase that
+the margin) that confirms the previous one, doubles the interval to the next probe (never the
+first verdict: it comes earliest in training, where the phases' merits change fastest), up to ``backoff`` x ``probe_every``: a phase that
 dominates costs little probing. An unclear one (near break-even, where the choice matters least
 but can change) resets it to ``probe_every``.
 
@@ -36,24 +38,31 @@ class Prober(Heuristic):
             raise ValueError(f"heuristic.start={cfg.start!r}: use sync, async or auto")
         self.current = cfg.start if cfg.start != "auto" else self.prior_phase()
         # observations after a switch left out of the rates: the pipeline's fill or drain and the
-        # oscillation stale gradients start last a few times the first stage's staleness
-        self.settle = 2 * (ctx.lookahead + 1)
+        # oscillation stale gradients start last a few times the first stage's staleness (measured
+        # on gpt-micro at depth 8: about 30 steps of little progress after a switch into async)
+        self.settle = 4 * (ctx.lookahead + 1)
         self.probe_len = cfg.probe_steps + self.settle
         self.mode = "warmup"
         self.interval = cfg.probe_every
-        self.next_probe = cfg.window
+        self.next_probe = ctx.lr_warmup + cfg.window
         self.probe_start = -1
         self.last_winner: str | None = None  # the previous clear verdict
+        self.verdicts = 0
         self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 8 * ctx.lookahead + 24)
         self.last_estimates: dict = {}
 
     def prior_phase(self) -> str:
         """``heuristic.start=auto``: async if its predicted throughput advantage R (simulator, same
-        cost profile) times a prior statistical efficiency ``heuristic.prior_efficiency`` exceeds
-        1, else sync. The first probe corrects a wrong prior."""
+        cost profile) times a prior statistical efficiency E exceeds 1, else sync. The first probe
+        corrects a wrong prior, but a switch into async is expensive in a deep pipeline, so the
+        start matters. E is ``heuristic.prior_efficiency``, or by default what we measured on this
+        kind of machine: about 0.7 with Muon and weight prediction, 0.4 with the Adam family."""
         ctx = self.ctx
         r = ctx.sync_step_time / ctx.async_step_time if ctx.async_step_time > 0 else 1.0
-        return ASYNC if r * self.cfg.prior_efficiency > 1.0 else SYNC
+        e = self.cfg.prior_efficiency
+        if e is None:
+            e = 0.7 if ctx.extra.get("optimizer") == "muon" else 0.4
+        return ASYNC if r * e > 1.0 else SYNC
 
     def observe(self, obs: Observation) -> None:
         self.history.append(obs)
@@ -65,7 +74,7 @@ class Prober(Heuristic):
         c = self.cfg
         probed = other(self.current)
         if self.mode == "warmup":
-            if step < c.window:
+            if step < self.next_probe:
                 return Decision(self.current, "warm-up")
             self.mode = "exploit"
         if self.mode == "exploit":
@@ -85,7 +94,9 @@ class Prober(Heuristic):
         # a verdict extends the interval if it is decisive (one phase at least twice as fast), or
         # clear and the same as the one before: the first probes fall early in training, when the
         # phases' relative merit still changes fast
-        confirmed = clear == DECISIVE or (bool(clear) and winner == self.last_winner)
+        first = self.verdicts == 0
+        self.verdicts += 1
+        confirmed = not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner))
         self.current, self.last_winner = winner, winner if clear else None
         self.interval = min(2 * self.interval, c.backoff * c.probe_every) if confirmed else c.probe_every
         self.mode, self.next_probe = "exploit", step + self.interval
@@ -99,7 +110,7 @@ class Prober(Heuristic):
 
     def state_dict(self) -> dict:
         return {"current": self.current, "mode": self.mode, "interval": self.interval, "next_probe": self.next_probe,
-                "last_winner": self.last_winner,
+                "last_winner": self.last_winner, "verdicts": self.verdicts,
                 "probe_start": self.probe_start, "history": [o.__dict__ for o in self.history],
                 "last_estimates": self.last_estimates}
 
@@ -107,6 +118,7 @@ class Prober(Heuristic):
         self.current, self.mode, self.interval = state["current"], state["mode"], state["interval"]
         self.next_probe, self.probe_start = state["next_probe"], state["probe_start"]
         self.last_winner = state.get("last_winner")
+        self.verdicts = state.get("verdicts", 0)
         self.history.clear()
         self.history.extend(Observation(**o) for o in state["history"])
         self.last_estimates = state.get("last_estimates", {})

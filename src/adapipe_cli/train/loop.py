@@ -106,7 +106,8 @@ class Trainer:
         self.link = LinkModel(p.link_latency_s, p.link_bandwidth)
         self.profile = self._profile()
         sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link)
-        self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t)
+        self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
+                           lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name})
         self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
         self.policy = build.make_policy(cfg, self.plan)
         self.val = self.data.val_batches(self.micro)

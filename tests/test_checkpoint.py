@@ -17,6 +17,7 @@ import torch
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import checkpoint
 from conftest import TINY
+from procs import check_resumed_from, verifies
 
 MIXED = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,4],[async,6],[sync,3],[async,null]]",
          "pipeline.stages=4", "pipeline.microbatches=2", "schedule.mitigation=[predict]"]
@@ -105,36 +106,18 @@ def _kill_while_writing(tmp_path, kills: int, seed: int):
         time.sleep(rng.uniform(0.05, 0.6))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        _check_resumed_from(proc.stderr.read(), candidates)
+        check_resumed_from(proc.stderr.read(), candidates)
         if (d / "summary.json").exists():
             break
-        assert not [p for p in (d / "checkpoints").iterdir() if p.name.startswith("step-") and not _verifies(p)
+        assert not [p for p in (d / "checkpoints").iterdir() if p.name.startswith("step-") and not verifies(p)
                     and (p / checkpoint.MANIFEST).exists() and p != checkpoint.complete(d)[-1]]
         candidates = {f.name for f in checkpoint.complete(d)[-2:]}
         assert candidates, "a kill left no checkpoint"
         proc = _cli([f"train.resume={d}"], slow)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    _check_resumed_from(err, candidates)
+    check_resumed_from(err, candidates)
     assert records(d) == records(whole)
-
-
-def _check_resumed_from(stderr: str, candidates: set[str] | None) -> None:
-    lines = [line for line in stderr.splitlines() if "resumed from" in line]
-    if candidates is None:  # the first process started afresh
-        assert not lines
-        return
-    if lines:  # (a process killed very early may not have printed it yet)
-        used = lines[0].split("resumed from ")[1].split()[0].rsplit("/", 1)[1]
-        assert used in candidates, (used, candidates)
-
-
-def _verifies(folder) -> bool:
-    try:
-        checkpoint.verify(folder)
-        return True
-    except Exception:
-        return False
 
 
 def test_sigkill_while_writing_checkpoints(tmp_path):

@@ -22,6 +22,7 @@ from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
 from conftest import TINY
+from procs import alive, comm, descendants
 
 ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
@@ -151,39 +152,6 @@ def test_worker_order_with_the_gate_cannot_deadlock(p, m):
 # -- faults ------------------------------------------------------------------------------------
 RUN = [*TINY, "pipeline.runtime=dist", "pipeline.stages=3", "pipeline.microbatches=2", "train.max_steps=3000",
        "train.eval_every=1000"]
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process under ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.add(c)
-            todo.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class Run:

@@ -21,6 +21,7 @@ import torch
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import checkpoint
 from conftest import TINY
+from procs import check_resumed_from, comm, descendants, verifies
 
 DIST = ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
 COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
@@ -193,30 +194,9 @@ def _cli(args, env_extra=None):
     return subprocess.Popen([exe, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _descendants(pid: int) -> dict[int, str]:
-    """Every process under ``pid``, with its name."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    out, todo = {}, [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            try:
-                out[c] = Path(f"/proc/{c}/comm").read_text().strip()
-            except OSError:
-                continue
-            todo.append(c)
-    return out
-
-
 def _kill(proc, rng) -> str:
     """SIGKILL the driver, or one worker (the driver then fails in one line); returns which."""
-    workers = [p for p, name in _descendants(proc.pid).items() if name.startswith("adapipe-stage")]
+    workers = [p for p in descendants(proc.pid) if comm(p).startswith("adapipe-stage")]
     if workers and rng.random() < 0.5:
         os.kill(rng.choice(workers), signal.SIGKILL)
         proc.wait(timeout=60)
@@ -251,20 +231,20 @@ def _kill_while_writing(tmp_path, kills: int, seed: int, steps: int) -> int:
         inside += any((d / "checkpoints").glob(".tmp-*"))
         who = _kill(proc, rng)
         err = proc.stderr.read()
-        _check_resumed_from(err, candidates)
+        check_resumed_from(err, candidates)
         if who == "worker" and proc.returncode != -signal.SIGKILL:
             lines = [x for x in err.splitlines() if x.startswith("adapipe: error:")]
             assert proc.returncode == 1 and len(lines) == 1 and "killed by signal SIGKILL" in lines[0], err
         if (d / "summary.json").exists():
             break
         complete = checkpoint.complete(d)
-        assert all(_verifies(p) for p in complete[:-1])  # only the newest may be cut short (by a kill in commit)
+        assert all(verifies(p) for p in complete[:-1])  # only the newest may be cut short (by a kill in commit)
         candidates = {f.name for f in complete[-2:]}
         assert candidates, "a kill left no checkpoint"
         proc, started = _cli([f"train.resume={d}"], slow), time.time()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
-    _check_resumed_from(err, candidates)
+    check_resumed_from(err, candidates)
     assert records(d) == records(whole)
     return inside
 
@@ -272,24 +252,6 @@ def _kill_while_writing(tmp_path, kills: int, seed: int, steps: int) -> int:
 def _last_commit(run_dir: Path) -> float:
     """When the newest checkpoint was committed (0: none)."""
     return max(((f / checkpoint.MANIFEST).stat().st_mtime for f in checkpoint.complete(run_dir)), default=0.0)
-
-
-def _check_resumed_from(stderr: str, candidates: set[str] | None) -> None:
-    lines = [line for line in stderr.splitlines() if "resumed from" in line]
-    if candidates is None:
-        assert not lines
-        return
-    if lines:  # (a process killed very early may not have printed it yet)
-        used = lines[0].split("resumed from ")[1].split()[0].rsplit("/", 1)[1]
-        assert used in candidates, (used, candidates)
-
-
-def _verifies(folder) -> bool:
-    try:
-        checkpoint.verify(folder)
-        return True
-    except Exception:
-        return False
 
 
 def test_sigkill_while_writing_dist_checkpoints(tmp_path):

@@ -71,7 +71,7 @@ def test_a_clearly_faster_async_is_chosen_within_a_bounded_number_of_windows(nam
     h = heuristic(name)
     phases, settled = drive(h, Env(**ASYNC_WINS), 600)
     first_async = settled.index("async")
-    assert first_async <= h.cfg.window + 2 * h.probe_len + 2 * LAG  # after the warm-up and one probe
+    assert first_async <= h.cfg.window + h.leg("sync") + h.leg("async") + 2 * LAG  # after the warm-up and one probe
     assert phases[300:].count("async") / 300 > 0.85
     assert adoptions(settled) == 1
 
@@ -80,7 +80,7 @@ def test_a_clearly_faster_async_is_chosen_within_a_bounded_number_of_windows(nam
 def test_a_clearly_faster_sync_is_chosen_starting_from_async(name):
     h = heuristic(name, start="async")
     phases, settled = drive(h, Env(**SYNC_WINS), 600)
-    assert settled.index("sync") <= h.cfg.window + 2 * h.probe_len + 2 * LAG
+    assert settled.index("sync") <= h.cfg.window + h.leg("sync") + h.leg("async") + 2 * LAG
     assert phases[300:].count("sync") / 300 > 0.85  # probes of async remain, fewer and fewer
     assert adoptions(settled) == 1
 
@@ -94,6 +94,34 @@ def test_equal_rates_with_noise_switch_rarely(name, seed):
     # lost probes back off: far fewer probes than one per probe_every steps
     probes = sum(1 for a, b in zip(phases, phases[1:]) if a == "sync" and b == "async")
     assert probes <= 1500 // h.cfg.probe_every
+
+
+def stretches(phases: list[str], phase: str) -> list[tuple[int, int]]:
+    """(first step, length) of every maximal run of ``phase``."""
+    out, start = [], None
+    for i, ph in enumerate([*phases, None]):
+        if ph == phase and start is None:
+            start = i
+        elif ph != phase and start is not None:
+            out.append((start, i - start))
+            start = None
+    return out
+
+
+@pytest.mark.parametrize("name", ["rate", "goodput"])
+def test_a_slower_phase_is_probed_for_a_shorter_leg_and_less_often(name):
+    """Async current and twice as fast per step: a probe of sync settles for one staleness, not
+    the four of a switch into async, and the next probe comes after 2 x probe_every steps, so
+    probing takes the share of time probe_every gives at equal speeds."""
+    h = heuristic(name, start="async")
+    assert h.leg("sync") == h.cfg.probe_steps + LAG < h.leg("async") == h.cfg.probe_steps + 4 * LAG
+    phases, settled = drive(h, Env(**ASYNC_WINS), 700)
+    assert settled[-1] == "async"
+    probes = stretches(phases, "sync")
+    assert [n for _, n in probes] == [h.leg("sync")] * len(probes) and len(probes) >= 2
+    (s1, n1), (s2, _) = probes[:2]
+    verdict = s1 + n1 + h.leg("async") - 1 + LAG  # the first verdict (never extending) ...
+    assert s2 - verdict == pytest.approx(2 * h.cfg.probe_every, abs=LAG + 1)  # ... then 2 x probe_every
 
 
 def test_rate_respects_the_cost_of_switching():

@@ -119,6 +119,18 @@ def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     assert len(rows) == 3 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
 
 
+def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["sweep", *TINY_GRID, "sweep.only=[adapipe]", f"sweep.dir={out}"]) == 0
+    err = capsys.readouterr().err
+    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_sync_s0", "p2_b4_adapipe_s0"]
+    assert not (out / "p2_b4_async_s0").exists()
+    assert main(["sweep", *TINY_GRID, "sweep.only=[async]", f"sweep.dir={out}"]) == 0  # same directory
+    assert [line.split()[-1] for line in _lines(capsys.readouterr().err, "start")] == ["p2_b4_async_s0"]
+    assert main(["sweep", *TINY_GRID, "sweep.only=[nope]", f"sweep.dir={out}"]) == 2
+    assert "sweep.only: nope is not one of the methods" in capsys.readouterr().err
+
+
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, capsys):
     out = tmp_path / "sw"
     args = ["sweep", *TINY_GRID, "~sweep.methods.async", f"sweep.dir={out}", "sweep.target.rule=fixed",

@@ -20,7 +20,7 @@ A switch has a one-time cost on top of the rates: the pipeline drains or fills, 
 async trains on weights that become stale all at once, which stirs an oscillation that takes a
 few times the staleness to settle. With ``transients=True`` every phase change k in the window
 adds a level term ``delta_k * [i >= k]`` and the ``settle`` observations that follow it are left
-out of the fit (their time still counts), so the rates come from the slopes of each stretch's
+out of the fit (their time still counts; ``settle`` may depend on the phase switched into), so the rates come from the slopes of each stretch's
 steady part (what a longer stay would see) and the jumps ``delta_k`` (positive: the loss rose)
 measure what each switch cost, its transient included.
 """
@@ -48,7 +48,7 @@ class Rates:
 
 
 def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each: int = 3,
-              transients: bool = False, settle: int = 0) -> Rates | None:
+              transients: bool = False, settle: int | dict[str, int] = 0) -> Rates | None:
     """Fit the model above to consecutive observations (phase, loss, x-increment of the step).
     Returns None unless both phases have at least ``min_each`` observations. The standard error is
     trustworthy when the window has the same phase on both sides of the other (see
@@ -64,8 +64,8 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     changes = [i for i in range(1, n) if phases[i] != phases[i - 1]] if transients else []
     steps = [(np.arange(n) >= k).astype(float) for k in changes]
     keep = np.ones(n, dtype=bool)
-    for k in changes:
-        keep[k:k + settle] = False
+    for k in changes:  # settle: a number of steps, or one per phase switched into
+        keep[k:k + (settle[phases[k]] if isinstance(settle, dict) else settle)] = False
     kept_async = (is_async * keep).sum()
     if kept_async < min_each or keep.sum() - kept_async < min_each:
         return None

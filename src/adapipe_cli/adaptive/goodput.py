@@ -21,8 +21,6 @@ leaves the current phase in place.
 
 from __future__ import annotations
 
-from statistics import median
-
 from .base import ASYNC, SYNC, Context, Observation
 from .estimate import fit_rates
 from .probing import CLEAR, DECISIVE, UNCLEAR, Prober
@@ -35,19 +33,11 @@ class Goodput(Prober):
         super().__init__(cfg, ctx)
         self.E: float | None = None
 
-    def throughput_ratio(self, window: list[Observation]) -> float:
-        steady = [o for i, o in enumerate(window) if i > self.ctx.lookahead + 1 and
-                  all(w.phase == o.phase for w in window[max(0, i - self.ctx.lookahead - 1):i])]
-        t = {ph: [o.step_time for o in steady if o.phase == ph] for ph in (SYNC, ASYNC)}
-        sync_t = median(t[SYNC]) if t[SYNC] else self.ctx.sync_step_time
-        async_t = median(t[ASYNC]) if t[ASYNC] else self.ctx.async_step_time
-        return sync_t / async_t if async_t > 0 else 1.0
-
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:
         c = self.cfg
         rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window),
                           transients=True, settle=self.settle)
-        R = self.throughput_ratio(window)
+        R = self.step_time_ratio(window, SYNC, ASYNC)
         if rates is None or rates.sync <= 0:
             return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, UNCLEAR
         e_hat = rates.async_ / rates.sync

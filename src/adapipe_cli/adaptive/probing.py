@@ -2,17 +2,23 @@
 
 The common skeleton of ``rate`` and ``goodput``: after the learning-rate warm-up and ``window``
 more steps in ``heuristic.start`` (the loss falls too steeply at first for two stretches of it to
-be compared), run the *current* phase; every ``interval`` steps run the other phase for
-``probe_steps`` steps, return to the current phase for ``probe_steps`` more, and once those have
-been observed let ``judge`` (the heuristic's own rule) say which phase becomes current, from the
-window [``window`` steps before the probe, the probe, the steps after it]. The current phase on
-both sides of the probe pins down the common trend of the loss curve (interpolation rather than
-extrapolation), which keeps the comparison's standard errors honest; the price is one extra
-round trip when a probe wins. A decisive verdict (one phase at least twice as fast), or a clear one (significant and beyond
-the margin) that confirms the previous one, doubles the interval to the next probe (never the
-first verdict: it comes earliest in training, where the phases' merits change fastest), up to ``backoff`` x ``probe_every``: a phase that
-dominates costs little probing. An unclear one (near break-even, where the choice matters least
-but can change) resets it to ``probe_every``.
+be compared), run the *current* phase; every ``interval`` steps run the other phase for a leg of
+``probe_steps`` steps plus its settling (the steps after a switch the rates leave out: a few times
+the staleness into async, one staleness into sync), return to the current phase for a leg of its
+own, and once those have been observed let ``judge`` (the heuristic's own rule) say which phase
+becomes current, from the window [``window`` steps before the probe, the probe, the steps after
+it]. The current phase on both sides of the probe pins down the common trend of the loss curve
+(interpolation rather than extrapolation), which keeps the comparison's standard errors honest;
+the price is one extra round trip when a probe wins.
+
+How often: ``probe_every`` steps, times the step-time ratio of the probed phase to the current one
+when the probed phase is slower (a probe of sync from async in a deep pipeline costs several async
+steps per step; probing then takes the same share of the time as ``probe_every`` would at equal
+speeds). A decisive verdict (one phase at least twice as fast), or a clear one (significant and
+beyond the margin) that confirms the previous one, doubles the interval to the next probe (never
+the first verdict: it comes earliest in training, where the phases' merits change fastest), up to
+``backoff`` times that base: a phase that dominates costs little probing. An unclear one (near
+break-even, where the choice matters least but can change) resets it to the base.
 
 Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``u - lag``).
 """
@@ -20,6 +26,7 @@ Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``
 from __future__ import annotations
 
 from collections import deque
+from statistics import median
 
 from .base import ASYNC, SYNC, Context, Decision, Heuristic, Observation
 
@@ -37,11 +44,11 @@ class Prober(Heuristic):
         if cfg.start not in (SYNC, ASYNC, "auto"):
             raise ValueError(f"heuristic.start={cfg.start!r}: use sync, async or auto")
         self.current = cfg.start if cfg.start != "auto" else self.prior_phase()
-        # observations after a switch left out of the rates: the pipeline's fill or drain and the
-        # oscillation stale gradients start last a few times the first stage's staleness (measured
-        # on gpt-micro at depth 8: about 30 steps of little progress after a switch into async)
-        self.settle = 4 * (ctx.lookahead + 1)
-        self.probe_len = cfg.probe_steps + self.settle
+        # observations after a switch left out of the rates, by the phase switched into: into
+        # async, the oscillation that weights turned stale all at once start lasts a few times the
+        # first stage's staleness (measured on gpt-micro at depth 8: about 30 steps of little
+        # progress); into sync, only the drained microbatches' stale updates (one staleness)
+        self.settle = {ASYNC: 4 * (ctx.lookahead + 1), SYNC: ctx.lookahead + 1}
         self.mode = "warmup"
         self.interval = cfg.probe_every
         self.next_probe = ctx.lr_warmup + cfg.window
@@ -82,11 +89,11 @@ class Prober(Heuristic):
                 return Decision(self.current, "exploit")
             self.mode, self.probe_start = "probe", step
         if self.mode == "probe":
-            if step < self.probe_start + self.probe_len:
-                return Decision(probed, f"probe {probed} for {self.probe_len} steps")
+            if step < self.probe_start + self.leg(probed):
+                return Decision(probed, f"probe {probed} for {self.leg(probed)} steps")
             self.mode = "after"
         # back in the current phase until the steps after the probe have been observed
-        if self.observed_through() < self.probe_start + 2 * self.probe_len - 1:
+        if self.observed_through() < self.probe_start + self.leg(probed) + self.leg(self.current) - 1:
             return Decision(self.current, "after probe")
         window = [o for o in self.history if o.step >= self.probe_start - c.window]
         winner, reason, info, clear = self.judge(window, self.current, probed)
@@ -98,9 +105,29 @@ class Prober(Heuristic):
         self.verdicts += 1
         confirmed = not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner))
         self.current, self.last_winner = winner, winner if clear else None
-        self.interval = min(2 * self.interval, c.backoff * c.probe_every) if confirmed else c.probe_every
+        # probe_every counts steps of the probed phase's speed: a probe of a phase k times slower
+        # per step costs k times more, so it comes k times less often (probing costs a bounded
+        # share of the time, whichever phase is current)
+        base = round(c.probe_every * max(1.0, self.step_time_ratio(window, other(winner), winner)))
+        self.interval = min(2 * self.interval, c.backoff * base) if confirmed else base
         self.mode, self.next_probe = "exploit", step + self.interval
         return Decision(self.current, reason, info)
+
+    def leg(self, phase: str) -> int:
+        """Steps of a stretch of ``phase`` within a probe: ``probe_steps`` observed after its settling."""
+        return self.cfg.probe_steps + self.settle[phase]
+
+    def step_time_ratio(self, window: list[Observation], a: str, b: str) -> float:
+        """Step time of phase ``a`` over that of ``b``: the median over the window's steady steps
+        (those after a full lookahead in one phase: no fill or drain), or the simulator's prediction
+        for the run's cost profile for a phase not seen."""
+        look = self.ctx.lookahead + 1
+        steady = [o for i, o in enumerate(window) if i > look and all(w.phase == o.phase for w in window[i - look:i])]
+        t = {}
+        for ph, predicted in ((SYNC, self.ctx.sync_step_time), (ASYNC, self.ctx.async_step_time)):
+            seen = [o.step_time for o in steady if o.phase == ph]
+            t[ph] = median(seen) if seen else predicted
+        return t[a] / t[b] if t[b] > 0 else 1.0
 
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:
         """Which phase becomes current, why, the estimates behind it, and how clear the verdict

@@ -247,6 +247,9 @@ class SweepConfig:
     compare: str = "adapipe"  # the method whose speedups over the others the report gives
     profile: bool = True  # measure one cost profile per depth and give it to every cell (local runtime)
     curves: Optional[str] = None  # the (depth, batch size) whose curves the report draws, e.g. p8_b4
+    # run only these methods' cells (null: all), e.g. [adapipe] to rerun one method after changing
+    # it (delete its cell directories first); a missing target still runs its baseline's cells
+    only: Optional[List[str]] = None
 
 
 def register_sweep_config() -> None:

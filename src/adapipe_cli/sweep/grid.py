@@ -98,6 +98,8 @@ class Grid:
                  f"{key} is set by the sweep for every cell: use {RESERVED.get(key, 'sweep.dir')} instead")
         methods = ", ".join(self.methods)
         need(c.compare in self.methods, f"sweep.compare={c.compare} is not one of the methods ({methods})")
+        for name in c.only or []:
+            need(name in self.methods, f"sweep.only: {name} is not one of the methods ({methods})")
         need(t.rule in TARGET_RULES, f"unknown sweep.target.rule={t.rule!r}: use fixed or sync_fraction")
         if t.rule == "fixed":
             need(t.ppl is not None and t.ppl > 1, "sweep.target.rule=fixed needs sweep.target.ppl > 1")
@@ -106,11 +108,13 @@ class Grid:
             need(t.baseline in self.methods,
                  f"sweep.target.baseline={t.baseline} is not one of the methods ({methods})")
 
-    def cells(self) -> list[Cell]:
-        """Every cell, depth-major: for each depth, batch size, method and seed."""
+    def cells(self, only: bool = False) -> list[Cell]:
+        """Every cell, depth-major: for each depth, batch size, method and seed (``only``: of the
+        methods ``sweep.only`` selects)."""
         c = self.cfg
+        methods = [m for m in self.methods if not only or c.only is None or m in c.only]
         return [Cell(p, m, c.microbatch_size * m, method, s)
-                for p in c.stages for m in c.microbatches for method in self.methods for s in c.seeds]
+                for p in c.stages for m in c.microbatches for method in methods for s in c.seeds]
 
     def overrides(self, cell: Cell, profile: Path | None = None, target: float | None = None) -> list[str]:
         """The overrides of ``adapipe train`` that run ``cell``."""

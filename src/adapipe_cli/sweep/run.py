@@ -44,7 +44,7 @@ class SweepRunner:
     def __init__(self, grid: Grid):
         self.grid = grid
         self.state = SweepState(grid)
-        self.cells = grid.cells()
+        self.cells = grid.cells(only=True)  # the cells this sweep runs
         self.start = time.time()
         self.seen = 0  # cells skipped or launched so far
         self.failed: dict[str, str] = {}  # cell -> reason
@@ -79,14 +79,15 @@ class SweepRunner:
         """The cells of depth p with m microbatches: the target first (fixed, recorded, or derived from
         the baseline's cells, run now), then every method's cells with that target."""
         g, t = self.grid, self.grid.cfg.target
-        cells = [c for c in self.cells if c.stages == p and c.microbatches == m]
+        cells = [c for c in self.grid.cells() if c.stages == p and c.microbatches == m]
         setting = cells[0].setting
         if t.rule == "fixed" and self.state.target(setting) is None:
             self.state.set_target(setting, {"ppl": t.ppl, "rule": "fixed"})
-        methods = list(g.methods)
+        methods = [x for x in g.methods if g.cfg.only is None or x in g.cfg.only]
         if t.rule == "sync_fraction" and self.state.target(setting) is None:
             self.launch([c for c in cells if c.method == t.baseline], profile, None)
-            methods.remove(t.baseline)
+            if t.baseline in methods:
+                methods.remove(t.baseline)
             self.derive(setting, [c for c in cells if c.method == t.baseline])
         target = self.state.target(setting)
         for method in methods:

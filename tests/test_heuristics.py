@@ -38,6 +38,7 @@ class Env:
 def heuristic(name, switch_time=0.0, **overrides):
     cfg = OmegaConf.structured(HeuristicConfig)
     cfg.name = name
+    overrides.setdefault("start", "sync")  # the streams below start in sync unless a test says otherwise
     for k, v in overrides.items():
         cfg[k] = v
     ctx = Context(stages=4, microbatches=2, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
@@ -181,8 +182,10 @@ def test_trend_corrected_fit_recovers_the_phase_rates():
 
 
 def test_start_auto_follows_the_predicted_throughput_ratio():
-    assert heuristic("rate", start="auto").current == "sync"  # R = 2, the Adam family's prior 0.4
+    h = heuristic("rate", start="auto")  # R = 2; p = 4, m = 2: mean delay 1.5 steps
+    assert h.prior_efficiency() == pytest.approx(1 / (1 + 0.25 * 1.5)) and h.current == "async"
     assert heuristic("rate", start="auto", prior_efficiency=0.5).current == "sync"  # break-even
+    assert heuristic("rate", start="auto", prior_efficiency=0.45).current == "sync"
     assert heuristic("rate", start="auto", prior_efficiency=0.8).current == "async"
 
 

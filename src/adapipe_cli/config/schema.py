@@ -108,7 +108,7 @@ class HeuristicConfig:
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
-    prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: by optimizer)
+    prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
     # after every step (off the clock, local runtime), or the training loss of each step (train)
     signal: str = "heldout"

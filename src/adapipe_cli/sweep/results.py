@@ -28,9 +28,13 @@ COLUMNS = ["cell", "setting", "stages", "batch_size", "microbatches", "method", 
 
 
 def collect(sweep_dir: Path, state: dict) -> list[dict]:
-    """One row per cell of ``sweep.json`` (``state``), from its run directory."""
+    """One row per cell of ``sweep.json`` (``state``), from its run directory; by depth, batch size,
+    method (in the grid's order) and seed, however the cells were run."""
+    methods = state.get("methods", [])
+    order = {m: i for i, m in enumerate(methods)}
     rows = []
-    for c in state["cells"]:
+    for c in sorted(state["cells"], key=lambda c: (c["stages"], c["batch_size"], order.get(c["method"], len(order)),
+                                                   c["method"], c["seed"])):
         run_dir = sweep_dir / c["name"]
         status, error = cell_status(run_dir)
         target = state.get("targets", {}).get(c["setting"], {}).get("ppl")

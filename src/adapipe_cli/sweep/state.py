@@ -9,6 +9,7 @@ when it has no directory. Rerunning a sweep skips done cells and runs the others
 
 from __future__ import annotations
 
+import fcntl
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -62,16 +63,18 @@ class SweepState:
         (e.g. ``sweep.stages=[8]`` and ``sweep.stages=[2,4]``) can run at once into one directory,
         each adding its cells, profiles and targets."""
         g = self.grid
-        old = read_json(self.path) or {}
-        self.profiles = {**old.get("profiles", {}), **self.profiles}
-        self.targets = {**old.get("targets", {}), **self.targets}
-        cells = {c["name"]: c for c in old.get("cells", [])}
-        cells.update({c.name: {"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()})
-        write_json(self.path, {
-            "name": g.name, "definition": g.definition(), "methods": list(g.methods),
-            "compare": g.cfg.compare, "curves": g.cfg.curves,
-            "cells": list(cells.values()), "profiles": self.profiles, "targets": self.targets,
-        })
+        with open(self.path.with_name(STATE + ".lock"), "w") as lock:  # read-merge-write, one sweep at a time
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            old = read_json(self.path) or {}
+            self.profiles = {**old.get("profiles", {}), **self.profiles}
+            self.targets = {**old.get("targets", {}), **self.targets}
+            cells = {c["name"]: c for c in old.get("cells", [])}
+            cells.update({c.name: {"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()})
+            write_json(self.path, {
+                "name": g.name, "definition": g.definition(), "methods": list(g.methods),
+                "compare": g.cfg.compare, "curves": g.cfg.curves,
+                "cells": list(cells.values()), "profiles": self.profiles, "targets": self.targets,
+            })
 
     def profile(self, stages: int) -> Path | None:
         path = self.profiles.get(f"p{stages}")

@@ -108,11 +108,16 @@ class Grid:
             need(t.baseline in self.methods,
                  f"sweep.target.baseline={t.baseline} is not one of the methods ({methods})")
 
+    @property
+    def selected(self) -> list[str]:
+        """The methods this sweep runs: ``sweep.only``, or all."""
+        return [m for m in self.methods if self.cfg.only is None or m in self.cfg.only]
+
     def cells(self, only: bool = False) -> list[Cell]:
         """Every cell, depth-major: for each depth, batch size, method and seed (``only``: of the
         methods ``sweep.only`` selects)."""
         c = self.cfg
-        methods = [m for m in self.methods if not only or c.only is None or m in c.only]
+        methods = self.selected if only else list(self.methods)
         return [Cell(p, m, c.microbatch_size * m, method, s)
                 for p in c.stages for m in c.microbatches for method in methods for s in c.seeds]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .results import MethodStats, clock_label, speedup, table
+from .results import MethodStats, clock_label, speedup
 
 NOT_REACHED = "n.r."
 
@@ -52,11 +52,11 @@ def clock_sentence(clocks: set[str]) -> str:
     return f"Times are on {labels}: runs timed as they ran, not on one shared profile; compare with care."
 
 
-def render(state: dict, rows: list[dict]) -> str:
-    """The Markdown report of a sweep: ``state`` is its sweep.json, ``rows`` its results.csv rows."""
+def render(state: dict, rows: list[dict], stats: dict) -> str:
+    """The Markdown report of a sweep: ``state`` is its sweep.json, ``rows`` its results.csv rows,
+    ``stats`` their :func:`.results.table`."""
     methods, compare = state["methods"], state["compare"]
     others = [m for m in methods if m != compare]
-    stats = table(rows, methods)
     clocks = {r["clock"] for r in rows if r["clock"]}
     done = sum(r["status"] == "done" for r in rows)
     lines = [f"# Sweep `{state['name']}`: time to target perplexity", "",

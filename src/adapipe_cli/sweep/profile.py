@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 
 from ..data import build_data
-from ..runtime.profile import measure_profile
 from ..simulator.clock import CostProfile
 from ..train import build
-from ..train.optim import StageOptimizer
 
 
 def measure_depth_profile(cfg, path: Path) -> CostProfile:
@@ -31,10 +29,7 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
     stages, _ = build.make_stages(cfg, build.model_config(cfg, data.vocab_size))
     micro = cfg.train.batch_size // cfg.pipeline.microbatches
     x, y = build.Batches(data, micro, 1)(0, 0)
-    meta = {"model": cfg.model.name, "stages": cfg.pipeline.stages, "microbatch_size": micro,
-            "seq_len": cfg.model.block_size, "threads": torch.get_num_threads()}
-    profile = measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
-                              reps=cfg.pipeline.profile_reps, meta=meta)
+    profile = build.measure_stage_profile(cfg, stages, x, y)
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
     return profile

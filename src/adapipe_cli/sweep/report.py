@@ -50,12 +50,12 @@ def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
     rows = collect(sweep_dir, state)
     p, b = curves_setting(state, rows, cell)
     out = [sweep_dir / "results.csv", sweep_dir / "results.md"]
-    write_csv(rows, out[0])
-    out[1].write_text(render(state, rows))
-    if not any(r["status"] == "done" for r in rows):
-        return out
     methods, compare = state["methods"], state["compare"]
     stats = table(rows, methods)
+    write_csv(rows, out[0])
+    out[1].write_text(render(state, rows, stats))
+    if not any(r["status"] == "done" for r in rows):
+        return out
     clock = clock_label(next(r["clock"] for r in rows if r["clock"]))
     baseline = state["definition"]["target"].get("baseline")
     over = baseline if baseline in methods and baseline != compare else next((m for m in methods if m != compare), None)

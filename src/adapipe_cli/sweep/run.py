@@ -83,7 +83,7 @@ class SweepRunner:
         setting = cells[0].setting
         if t.rule == "fixed" and self.state.target(setting) is None:
             self.state.set_target(setting, {"ppl": t.ppl, "rule": "fixed"})
-        methods = [x for x in g.methods if g.cfg.only is None or x in g.cfg.only]
+        methods = g.selected
         if t.rule == "sync_fraction" and self.state.target(setting) is None:
             self.launch([c for c in cells if c.method == t.baseline], profile, None)
             if t.baseline in methods:

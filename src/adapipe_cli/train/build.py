@@ -11,6 +11,7 @@ import torch
 
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..model import GPTConfig, build_stages, partition
+from ..runtime.profile import measure_profile
 from ..schedules import ASYNC, SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.mitigations import UpdatePolicy
 from .optim import StageOptimizer
@@ -63,6 +64,15 @@ def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
 
 def make_policy(cfg, plan: Plan) -> UpdatePolicy:
     return UpdatePolicy(cfg.optim, cfg.schedule, plan, cfg.train.max_steps)
+
+
+def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor):
+    """The cost profile of ``stages`` on the microbatch (x, y), labelled with what it was measured
+    for (a run measures its own; a sweep measures one per depth and gives it to every run)."""
+    meta = {"model": cfg.model.name, "stages": cfg.pipeline.stages, "microbatch_size": int(x.shape[0]),
+            "seq_len": cfg.model.block_size, "threads": torch.get_num_threads()}
+    return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
+                           reps=cfg.pipeline.profile_reps, meta=meta)
 
 
 class Batches:

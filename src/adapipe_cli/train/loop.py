@@ -23,14 +23,12 @@ from ..adaptive.base import Context, Decision, Observation
 from ..config.validate import ConfigError, validate
 from ..data import DataError, build_data
 from ..runtime.local import LocalRuntime, StepResult
-from ..runtime.profile import measure_profile
 from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, checkpoint
 from .guard import DivergenceGuard
 from .metrics import RunLog
-from .optim import StageOptimizer
 from .plots import plot_curves, plot_phases
 from .progress import Progress
 
@@ -156,10 +154,7 @@ class Trainer:
                                   f"use a profile measured for {p.stages} stages")
         else:
             x, y = self.batches(0, 0)
-            prof = measure_profile(self.stages, lambda named: StageOptimizer(named, self.cfg.optim), x, y,
-                                   reps=p.profile_reps,
-                                   meta={"model": self.cfg.model.name, "stages": p.stages, "microbatch_size": self.micro,
-                                         "seq_len": self.cfg.model.block_size, "threads": torch.get_num_threads()})
+            prof = build.measure_stage_profile(self.cfg, self.stages, x, y)
         prof.save(self.dir / "profile.json")
         return prof
 

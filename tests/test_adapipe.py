@@ -6,9 +6,8 @@ import copy
 import json
 
 import pytest
-import torch
 
-from adapipe_cli.schedules import ASYNC, SYNC, Plan, ScheduleSpec
+from adapipe_cli.schedules import ASYNC, SYNC
 from adapipe_cli.train.loop import train
 from helpers import local_runtime, make_data, optim_cfg, run_losses
 

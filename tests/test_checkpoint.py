@@ -12,7 +12,6 @@ import sys
 import time
 
 import pytest
-import torch
 
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import checkpoint

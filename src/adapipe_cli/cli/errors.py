@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
+from typing import NoReturn
 
 EXIT_USAGE = 2
 
 
-def fail(message: str, code: int = EXIT_USAGE) -> "NoReturn":  # type: ignore[name-defined]  # noqa: F821
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
     print(f"adapipe: error: {message}", file=sys.stderr)
     raise SystemExit(code)
 

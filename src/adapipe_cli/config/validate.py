@@ -28,7 +28,7 @@ def _need(cond: bool, msg: str) -> None:
 
 def validate(cfg) -> None:
     """Raise :class:`ConfigError` for the first problem found in ``cfg``."""
-    m, p, t, o, s, d = cfg.model, cfg.pipeline, cfg.train, cfg.optim, cfg.schedule, cfg.data
+    m, p, t, o, d = cfg.model, cfg.pipeline, cfg.train, cfg.optim, cfg.data
     _need(m.n_layer >= 1 and m.d_model >= 1 and m.n_head >= 1, "model.n_layer, model.d_model and model.n_head must be positive")
     _need(m.d_model % m.n_head == 0, f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
     _need(m.block_size >= 2, "model.block_size must be at least 2")

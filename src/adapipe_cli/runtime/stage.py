@@ -19,7 +19,7 @@ import torch
 from torch.func import functional_call
 
 from ..model import GPTStage, lm_loss
-from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
+from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
 from ..train.optim import StageOptimizer
 from .transport import Transport
 

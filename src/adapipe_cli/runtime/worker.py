@@ -57,7 +57,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -432,7 +432,7 @@ def spawn_main(host: str, port: int, prefix: str, rank: int, status_array, log_p
     os._exit(code)  # pending sends of dropped microbatches must not hold the process
 
 
-def torchrun_main(timeout_s: float, spec_timeout_s: float = 3600.0) -> "NoReturn":  # noqa: F821
+def torchrun_main(timeout_s: float, spec_timeout_s: float = 3600.0) -> NoReturn:
     """Entry point of ranks other than 0 under torchrun: run that rank's stage of the job whose
     driver is rank 0 (which publishes the run's spec)."""
     env = torchrun_env()

@@ -116,7 +116,6 @@ def _labels(fig, ax, boxes: Sequence[Box], span: float) -> None:
 def _draw_raster(ax, boxes: Sequence[Box], stages: int, span: float, columns: int) -> None:
     """Each stage's row as ``columns`` pixels: the colour of the action at the pixel's centre."""
     pal = np.array(_palette())
-    kind_code = {FORWARD: 0, BACKWARD: 1, UPDATE: 2}
     stage, kind, mb, _step, start, end = (np.asarray(c) for c in zip(*boxes))
     kind = np.select([kind == FORWARD, kind == BACKWARD, kind == UPDATE], [0, 1, 2], 3)
     order = np.argsort(stage, kind="stable")  # by stage, each stage's actions in the order they ran

@@ -218,8 +218,7 @@ class DistRuntime:
             from ..train.loop import TrainingDiverged
 
             shutil.rmtree(folder, ignore_errors=True)
-            raise TrainingDiverged(f"refusing to write a checkpoint at step {step}: stage {bad[0]} has non-finite "
-                                   f"weights (training diverged)")
+            raise TrainingDiverged(checkpoint.refusal(step, bad[0]))
         for r, e in enumerate(entries):  # a worker on another machine writes to its own disk otherwise
             if not (folder / e["file"]).is_file() or (folder / e["file"]).stat().st_size != e["bytes"]:
                 raise ConfigError(f"stage {r} wrote its checkpoint part where the driver cannot read it: under "

@@ -47,9 +47,9 @@ class Board:
         self.host, self.port, self.prefix = host, self.store.port, prefix
         self.kv = dist.PrefixStore(prefix, self.store)
 
-    def client(self) -> "Board":
+    def client(self, timeout_s: float = 600.0) -> "Board":
         """Another connection to the same board (a TCPStore connection serves one thread)."""
-        return Board(self.host, self.port, self.prefix)
+        return Board(self.host, self.port, self.prefix, timeout_s=timeout_s)
 
     def put(self, key: str, value) -> None:
         self.kv.set(key, pickle.dumps(value))

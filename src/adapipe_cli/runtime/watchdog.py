@@ -41,7 +41,7 @@ class Collector:
     aborts the process ("terminate called without an active exception")."""
 
     def __init__(self, board: Board):
-        self.board = Board(board.host, board.port, board.prefix, timeout_s=7 * 24 * 3600)
+        self.board = board.client(timeout_s=7 * 24 * 3600)
         self.requests: queue.Queue = queue.Queue()
         self.current: list[str] = []
         self.closing = False
@@ -88,7 +88,7 @@ class Watchdog(threading.Thread):
     def __init__(self, rt):
         super().__init__(daemon=True, name="adapipe-watchdog")
         self.rt = rt
-        self.board = Board(rt.board.host, rt.board.port, rt.board.prefix)
+        self.board = rt.board.client()
         self.stopped = threading.Event()
         self.tracked, self.present, self.last = None, 0, 0.0
 

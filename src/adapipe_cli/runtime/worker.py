@@ -293,7 +293,7 @@ class Worker:
         self.status.set(COMPUTING)
         state = self.ex.state_dict()
         entry = None
-        if all(bool(torch.isfinite(p).all()) for p in state["params"]):
+        if checkpoint.finite(state["params"]):
             part = {"step": step, "executor": state, "forwarded": self.program.next_f}  # microbatches forwarded so far
             entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.rank), part)
         self.board.put(f"part/{step}/{self.rank}", entry)

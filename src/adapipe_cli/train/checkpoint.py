@@ -43,15 +43,25 @@ def stage_part(stage: int) -> str:
 
 def due(train, steps: int, start: int) -> bool:
     """Whether the training loop writes a checkpoint after ``steps`` steps (``start``: the step a
-    resumed session started at, whose checkpoint exists already). Mirrors :meth:`Trainer.run`, so
-    that the workers of a distributed run know in advance at which gates to write their parts."""
+    resumed session started at, whose checkpoint exists already). :meth:`Trainer.run` decides by it,
+    and so do the workers of a distributed run, to know in advance at which gates to write their parts."""
     return bool(train.checkpoint_every) and steps > start and steps % train.checkpoint_every == 0
 
 
 def due_at_end(train, steps: int) -> bool:
     """Whether a run that ends after ``steps`` steps writes its final checkpoint then (``save_final``
-    and not written already by :func:`due`). Mirrors :meth:`Trainer.run`."""
+    and not written already by :func:`due`), for :meth:`Trainer.run` and the workers alike."""
     return bool(train.save_final) and not (train.checkpoint_every and steps % train.checkpoint_every == 0)
+
+
+def finite(params) -> bool:
+    """Whether every tensor of ``params`` is finite: no checkpoint is written from diverged weights."""
+    return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+def refusal(steps: int, stage: int) -> str:
+    """Why a checkpoint after ``steps`` steps is not written: ``stage``'s weights are not finite."""
+    return f"refusing to write a checkpoint at step {steps}: stage {stage} has non-finite weights (training diverged)"
 
 
 class CheckpointError(RuntimeError):

@@ -206,7 +206,7 @@ class Trainer:
                 ev = self._after_step(step, res)
                 progress.update(res, ev, self.st.tokens / self.st.time_s if self.st.time_s > 0 else 0.0)
                 step += 1
-                if t.checkpoint_every and step % t.checkpoint_every == 0:
+                if checkpoint.due(t, step, start=0):  # (step >= 1 here: never the resumed-from step)
                     self.save_checkpoint()
                 if self.guard.due(step - 1):
                     self.guard.snapshots.append((step - 1, copy.deepcopy(self._full_state())))
@@ -219,7 +219,7 @@ class Trainer:
             if self.st.evals[-1]["step"] != self.st.steps:
                 rt.evaluate_now(self.st.steps)
                 self._collect()
-            if t.save_final and not (t.checkpoint_every and self.st.steps % t.checkpoint_every == 0):
+            if checkpoint.due_at_end(t, self.st.steps):
                 self.save_checkpoint()
             progress.close()
             summary = self._summary(self.log.records, self.st.evals, self.wall())
@@ -319,23 +319,26 @@ class Trainer:
         return good + 1
 
     def save_checkpoint(self) -> Path:
+        steps = self.st.steps
         # the dist runtime's workers write their own stages' parts (and refuse non-finite weights)
         write_stages = getattr(self.runtime, "write_checkpoint_parts", None)
-        state = {"trainer": self._trainer_state()} if write_stages else self._full_state()
-        for stage in [] if write_stages else state["pipeline"]["stages"]:
-            if not all(bool(torch.isfinite(p).all()) for p in stage["params"]):
-                raise TrainingDiverged(f"refusing to write a checkpoint at step {self.st.steps}: stage "
-                                       f"{stage['stage']} has non-finite weights (training diverged)")
-        folder = checkpoint.begin(self.dir, self.st.steps)
         if write_stages:
-            parts = write_stages(folder, self.st.steps)
-            parts["trainer"] = checkpoint.write_part(folder, "trainer", state["trainer"])
+            trainer = self._trainer_state()
+            folder = checkpoint.begin(self.dir, steps)
+            parts = write_stages(folder, steps)
+            parts["trainer"] = checkpoint.write_part(folder, "trainer", trainer)
         else:
-            parts = {"trainer": checkpoint.write_part(folder, "trainer", state["trainer"]),
+            state = self._full_state()
+            trainer = state["trainer"]
+            for stage in state["pipeline"]["stages"]:
+                if not checkpoint.finite(stage["params"]):
+                    raise TrainingDiverged(checkpoint.refusal(steps, stage["stage"]))
+            folder = checkpoint.begin(self.dir, steps)
+            parts = {"trainer": checkpoint.write_part(folder, "trainer", trainer),
                      "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
-        meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": state["trainer"]["lines"],
+        meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": trainer["lines"],
                 "runtime": self.runtime.name}
-        return checkpoint.commit(self.dir, folder, self.st.steps, parts, meta, self.cfg.train.keep_checkpoints)
+        return checkpoint.commit(self.dir, folder, steps, parts, meta, self.cfg.train.keep_checkpoints)
 
     def _checkpoint_to_resume(self) -> tuple[Path, dict] | None:
         if not self.cfg.train.resume:

@@ -30,6 +30,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from adapipe_cli.sweep.target import time_to_target
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 
@@ -52,9 +54,10 @@ def methods(p: int, m: int, budget: list[str]) -> dict[str, list[str]]:
 
 
 def run_one(job: tuple[str, list[str]]) -> dict:
-    """One training run in this worker process; returns its summary and eval curve."""
+    """One training run in this worker process; returns its summary and evaluation records."""
     os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.sweep.target import evals
     from adapipe_cli.train.loop import train
 
     run_dir, overrides = job
@@ -63,19 +66,18 @@ def run_one(job: tuple[str, list[str]]) -> dict:
         summary = json.loads(summary_file.read_text())
     else:
         summary = train(compose_config(overrides), Path(run_dir))
-    evals = [json.loads(x) for x in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    curve = [(r["time_s"], r["val_ppl"]) for r in evals if r.get("kind") == "eval"]
-    return {"dir": run_dir, "summary": summary, "curve": curve}
+    return {"dir": run_dir, "summary": summary, "evals": evals(run_dir)}
 
 
-def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
-    return next((t for t, ppl in curve if ppl <= target), None)
+def time_to(run: dict, target: float) -> float | None:
+    """Time of the run's first evaluation at or below ``target``."""
+    return time_to_target(run["evals"], target)[0]
 
 
-def ppl_at(curve: list[tuple[float, float]], frac: float) -> float:
+def ppl_at(records: list[dict], frac: float) -> float:
     """Validation perplexity at the evaluation closest to ``frac`` of the run's last evaluation time."""
-    t_end = curve[-1][0]
-    return min(curve, key=lambda c: abs(c[0] - frac * t_end))[1]
+    t_end = records[-1]["time_s"]
+    return min(records, key=lambda r: abs(r["time_s"] - frac * t_end))["val_ppl"]
 
 
 def main() -> None:
@@ -118,22 +120,22 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
     shared = base + [f"pipeline.profile={profile}"]
     jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in range(1, args.seeds)]
     sync_runs = [first] + list(pool.map(run_one, jobs))
-    target = statistics.median(ppl_at(r["curve"], args.target_at) for r in sync_runs)
+    target = statistics.median(ppl_at(r["evals"], args.target_at) for r in sync_runs)
     jobs = [(str(out / cell / f"{name}_s{s}"), shared + ov + [f"seed={s}", f"train.target_ppl={target!r}"])
             for name, ov in ms.items() if name != "sync" for s in range(args.seeds)]
     results = {"sync": sync_runs}
     for job, res in zip(jobs, pool.map(run_one, jobs)):
         results.setdefault(Path(job[0]).name.rsplit("_s", 1)[0], []).append(res)
     rows = []
-    ttt_sync = median_ttt(results["sync"], target)
+    ttt_sync = median_ttt([time_to(r, target) for r in results["sync"]])
     print(f"\n{cell}: target ppl {target:.2f} (sync at {args.target_at:.0%} of its budget)   [{time.time() - t0:.0f}s]")
     print(f"  {'method':<22} {'ttt median':>10} {'spread':>17} {'vs sync':>8} {'async frac':>10} {'switches':>8}")
     for name, runs in results.items():
-        ttts = [time_to(r["curve"], target) for r in runs]
-        med = median_ttt(runs, target)
+        ttts = [time_to(r, target) for r in runs]
+        med = median_ttt(ttts)
         reached = [x for x in ttts if x is not None]
         spread = f"{min(reached):.2f}-{max(reached):.2f}" if reached else "-"
-        best = min(min(ppl for _, ppl in r["curve"]) for r in runs)
+        best = min(e["val_ppl"] for r in runs for e in r["evals"])
         ratio = med / ttt_sync if med is not None and ttt_sync else None
         af = statistics.median(r["summary"]["async_fraction"] for r in runs)
         sw = statistics.median(r["summary"]["switches"] for r in runs)
@@ -146,9 +148,8 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
     return rows
 
 
-def median_ttt(runs: list[dict], target: float) -> float | None:
-    """Median time-to-target over seeds; None unless more than half the seeds reached it."""
-    ttts = [time_to(r["curve"], target) for r in runs]
+def median_ttt(ttts: list[float | None]) -> float | None:
+    """Median time-to-target over seeds (None: not reached); None unless more than half reached it."""
     reached = sorted(x for x in ttts if x is not None)
     if len(reached) * 2 <= len(ttts):
         return None

@@ -1,12 +1,34 @@
-"""Helpers of the fault tests: the process tree under a pid (from /proc), and what a resumed run
-says and leaves on disk."""
+"""Helpers of the runtime and fault tests: ``adapipe train`` in a subprocess, the process tree
+under a pid (from /proc), and what a run (or a resumed one) says and leaves on disk."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from adapipe_cli.train import checkpoint
+
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+ENV = {**os.environ, **OFFLINE}
+# the per-step metrics two runs that should be the same are compared on
+COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
+
+
+def cli(args, env_extra=None) -> subprocess.Popen:
+    """``adapipe train ARGS`` started in a subprocess, offline, its output piped."""
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    return subprocess.Popen([exe, "train", *args], env={**os.environ, **OFFLINE, **(env_extra or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def records(run_dir: Path) -> tuple[list[dict], list[tuple[int, float]]]:
+    """A run's per-step metrics (the COMPARED keys) and its (step, validation loss) pairs."""
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [{k: r[k] for k in COMPARED} for r in recs if r["kind"] == "step"]
+    return steps, [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
 
 
 def descendants(pid: int) -> set[int]:

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,7 +13,7 @@ import pytest
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import checkpoint
 from conftest import TINY
-from procs import check_resumed_from, verifies
+from procs import check_resumed_from, cli, verifies
 
 MIXED = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,4],[async,6],[sync,3],[async,null]]",
          "pipeline.stages=4", "pipeline.microbatches=2", "schedule.mitigation=[predict]"]
@@ -80,13 +77,6 @@ def test_final_state_only(tmp_path):
     assert set(manifest["parts"]) == {"trainer", "pipeline"} and manifest["step"] == 7
 
 
-def _cli(args, env_extra=None):
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
-           **(env_extra or {})}
-    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
-    return subprocess.Popen([exe, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def _kill_while_writing(tmp_path, kills: int, seed: int):
     """Start, SIGKILL at a random moment once checkpoints are being written (slowed down so that
     most kills land inside a write), resume, repeat; finally let it finish."""
@@ -96,7 +86,7 @@ def _kill_while_writing(tmp_path, kills: int, seed: int):
     assert run(whole, *args) == 0
     d = tmp_path / "killed"
     slow = {"ADAPIPE_TEST_CHECKPOINT_DELAY": "0.05"}
-    proc = _cli([*args, f"hydra.run.dir={d}", f"pipeline.profile={whole / 'profile.json'}"], slow)  # one clock
+    proc = cli([*args, f"hydra.run.dir={d}", f"pipeline.profile={whole / 'profile.json'}"], slow)  # one clock
     candidates = None  # the checkpoints a resume may use: the newest complete one or the one before
     for _ in range(kills):
         deadline = time.time() + 60
@@ -112,7 +102,7 @@ def _kill_while_writing(tmp_path, kills: int, seed: int):
                     and (p / checkpoint.MANIFEST).exists() and p != checkpoint.complete(d)[-1]]
         candidates = {f.name for f in checkpoint.complete(d)[-2:]}
         assert candidates, "a kill left no checkpoint"
-        proc = _cli([f"train.resume={d}"], slow)
+        proc = cli([f"train.resume={d}"], slow)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     check_resumed_from(err, candidates)

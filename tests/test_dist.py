@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,16 +21,8 @@ from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
 from conftest import TINY
-from procs import alive, comm, descendants
+from procs import ENV, alive, comm, descendants, records
 
-ENV = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
-
-
-def records(run_dir: Path) -> tuple[list[dict], list[tuple[int, float]]]:
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [{k: r[k] for k in COMPARED} for r in recs if r["kind"] == "step"]
-    return steps, [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
 
 
 def local_and_dist(make_cfg, tmp_path, *overrides):

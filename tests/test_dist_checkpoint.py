@@ -21,10 +21,9 @@ import torch
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import checkpoint
 from conftest import TINY
-from procs import check_resumed_from, comm, descendants, verifies
+from procs import ENV, check_resumed_from, cli, comm, descendants, records, verifies
 
 DIST = ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
-COMPARED = ("loss", "grad_norm", "lr", "staleness", "staleness_max", "activations", "phase")
 # steps 0-1 sync, 2-6 async, 7-9 sync, 10- async: cuts before a drain (6), before a fill (9) and in
 # a stream (12); weight prediction keeps weights that are no stashed version
 SWITCHES = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,2],[async,5],[sync,3],[async,null]]",
@@ -39,12 +38,6 @@ CASES = {
     "latest-p3-m1-gpipe": [*SWITCHES[:3], "schedule.weights=latest", "schedule.sync=gpipe", "pipeline.stages=3",
                            "pipeline.microbatches=1", "train.batch_size=4"],
 }
-
-
-def records(run_dir: Path) -> tuple[list[dict], list[tuple[int, float]]]:
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [{k: r[k] for k in COMPARED} for r in recs if r["kind"] == "step"]
-    return steps, [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
 
 
 def run(run_dir: Path, *overrides: str) -> int:
@@ -174,8 +167,7 @@ def test_torchrun_writes_and_resumes_checkpoints(tmp_path):
     def torchrun(*overrides):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "adapipe_cli.cli.main", "train", *overrides]
-        env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        out = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr
 
     whole = tmp_path / "whole"
@@ -187,13 +179,6 @@ def test_torchrun_writes_and_resumes_checkpoints(tmp_path):
 
 
 # -- faults --------------------------------------------------------------------------------------
-def _cli(args, env_extra=None):
-    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
-           **(env_extra or {})}
-    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
-    return subprocess.Popen([exe, "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def _kill(proc, rng) -> str:
     """SIGKILL the driver, or one worker (the driver then fails in one line); returns which."""
     workers = [p for p in descendants(proc.pid) if comm(p).startswith("adapipe-stage")]
@@ -218,7 +203,7 @@ def _kill_while_writing(tmp_path, kills: int, seed: int, steps: int) -> int:
     assert run(whole, *args[len(TINY):]) == 0
     d = tmp_path / "killed"
     slow = {"ADAPIPE_TEST_CHECKPOINT_DELAY": "0.05"}
-    proc, started = _cli([*args, f"hydra.run.dir={d}"], slow), time.time()
+    proc, started = cli([*args, f"hydra.run.dir={d}"], slow), time.time()
     candidates = None  # the checkpoints a resume may use: the newest complete one or the one before
     inside = 0
     for _ in range(kills):
@@ -241,7 +226,7 @@ def _kill_while_writing(tmp_path, kills: int, seed: int, steps: int) -> int:
         assert all(verifies(p) for p in complete[:-1])  # only the newest may be cut short (by a kill in commit)
         candidates = {f.name for f in complete[-2:]}
         assert candidates, "a kill left no checkpoint"
-        proc, started = _cli([f"train.resume={d}"], slow), time.time()
+        proc, started = cli([f"train.resume={d}"], slow), time.time()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     check_resumed_from(err, candidates)

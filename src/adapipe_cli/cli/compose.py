@@ -21,15 +21,16 @@ def compose_config(overrides: list[str], config_name: str = "config") -> DictCon
         return compose(config_name=config_name, overrides=overrides)
 
 
-def compose_or_fail(overrides: list[str], config_name: str = "config", check: bool = True) -> DictConfig:
-    """Compose and validate, or print one line saying what to change and exit 2."""
+def compose_or_fail(overrides: list[str], config_name: str = "config", check: bool = True,
+                    prefix: str = "") -> DictConfig:
+    """Compose and validate, or print one line (after ``prefix``) saying what to change and exit 2."""
     try:
         cfg = compose_config(overrides, config_name)
     except Exception as e:  # Hydra and OmegaConf raise many kinds; each becomes one line
-        fail(hydra_message(e, "simulate" if config_name == "simulate" else "train"))
+        fail(prefix + hydra_message(e, "simulate" if config_name == "simulate" else "train"))
     if check:
         try:
             validate(cfg)
         except ConfigError as e:
-            fail(str(e))
+            fail(prefix + str(e))
     return cfg

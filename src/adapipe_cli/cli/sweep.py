@@ -60,21 +60,13 @@ def _check_cells(grid) -> None:
     """Compose and validate each cell's config before anything runs, so that a bad override or an
     impossible cell (e.g. more stages than blocks) is one line now rather than a failed run per
     cell. Seeds do not change validity: one cell per (depth, batch size, method) is checked."""
-    from ..config import ConfigError, validate
-    from .compose import compose_config
+    from .compose import compose_or_fail
 
+    fixed = grid.cfg.target.rule == "fixed"
     checked = set()
     for cell in grid.cells():
         if (cell.stages, cell.microbatches, cell.method) in checked:
             continue
         checked.add((cell.stages, cell.microbatches, cell.method))
-        try:
-            # a target derived from sync is not known yet: check the cell with a stand-in
-            fixed = grid.cfg.target.rule == "fixed"
-            cfg = compose_config(grid.overrides(cell, target=None if fixed else 2.0))
-        except Exception as e:  # Hydra's composition errors: one line each
-            fail(f"cell {cell.name}: {hydra_message(e, 'train')}")
-        try:
-            validate(cfg)
-        except ConfigError as e:
-            fail(f"cell {cell.name}: {e}")
+        # a target derived from sync is not known yet: check the cell with a stand-in
+        compose_or_fail(grid.overrides(cell, target=None if fixed else 2.0), prefix=f"cell {cell.name}: ")

@@ -131,6 +131,20 @@ def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path
     assert "sweep.only: nope is not one of the methods" in capsys.readouterr().err
 
 
+def test_a_grid_without_its_curves_setting_still_reports(tmp_path, capsys):
+    """sweep.curves names a setting the narrowed grid lacks: the sweep ends with its report and the
+    curves of the setting there is (the first, here the only one); adapipe report does the same."""
+    out = tmp_path / "sw"
+    assert main(["sweep", *TINY_GRID, "~sweep.methods.async", "~sweep.methods.adapipe", "sweep.compare=sync",
+                 "sweep.curves=p8_b4", f"sweep.dir={out}"]) == 0
+    assert (out / "results.md").is_file() and (out / "curves_p2_b4.png").is_file()
+    assert "--cell" not in capsys.readouterr().err
+    (out / "curves_p2_b4.png").unlink()
+    assert main(["report", str(out)]) == 0 and (out / "curves_p2_b4.png").is_file()
+    assert main(["report", str(out), "--cell", "p8_b4"]) == 2  # typed by the user: refused, with the choices
+    assert "--cell p8_b4: not a setting of this sweep; use one of p2_b4" in capsys.readouterr().err
+
+
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, capsys):
     out = tmp_path / "sw"
     args = ["sweep", *TINY_GRID, "~sweep.methods.async", f"sweep.dir={out}", "sweep.target.rule=fixed",

@@ -48,7 +48,10 @@ def sweep_command(args: list[str]) -> int:
         fail(str(e))
     except KeyboardInterrupt:
         fail(f"interrupted; rerun the same command to resume ({grid.dir})", code=130)
-    paths = write_report(grid.dir)
+    try:
+        paths = write_report(grid.dir)
+    except ConfigError as e:  # the runs are kept: say how to write the report once the cause is fixed
+        fail(f"report: {e} (the runs are done: adapipe report {grid.dir})", code=1)
     print(f"report: {', '.join(p.name for p in paths)} in {grid.dir}", file=sys.stderr)
     for name, reason in failed.items():
         print(f"adapipe: failed: {name}: {reason}", file=sys.stderr)

@@ -26,19 +26,25 @@ def load_state(sweep_dir: Path) -> dict:
     return state
 
 
+def _setting(name: str | None) -> tuple[int, int] | None:
+    """``p8_b4`` (or a cell name such as ``p8_b4_sync_s0``) -> (8, 4); None if it is not one."""
+    m = re.match(r"p(\d+)_b(\d+)", name or "")
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 def curves_setting(state: dict, rows: list[dict], choice: str | None) -> tuple[int, int]:
-    """The (depth, batch size) whose curves to draw: ``choice`` (``p8_b4`` or a cell name such as
-    ``p8_b4_sync_s0``), the grid's ``curves``, else the deepest pipeline at its smallest batch, where
-    a synchronous pipeline's bubble is largest."""
-    choice = choice or state.get("curves")
+    """The (depth, batch size) whose curves to draw: ``choice`` (``--cell``: ``p8_b4`` or a cell
+    name such as ``p8_b4_sync_s0``; refused when it is not a setting of the sweep), else the grid's
+    ``curves`` when the sweep has that setting (a grid narrowed on the command line may not), else
+    the deepest pipeline at its smallest batch, where a synchronous pipeline's bubble is largest."""
     settings = sorted({(r["stages"], r["batch_size"]) for r in rows})
     if choice:
-        m = re.match(r"p(\d+)_b(\d+)", choice)
-        key = (int(m.group(1)), int(m.group(2))) if m else None
-        if key not in settings:
+        if _setting(choice) not in settings:
             raise ConfigError(f"--cell {choice}: not a setting of this sweep; use one of "
                               f"{', '.join(f'p{p}_b{b}' for p, b in settings)}")
-        return key
+        return _setting(choice)
+    if _setting(state.get("curves")) in settings:
+        return _setting(state.get("curves"))
     deepest = max(p for p, _ in settings)
     return deepest, min(b for p, b in settings if p == deepest)
 

@@ -46,6 +46,7 @@ def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
 
 def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
     a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
+    assert (tmp_path / "a" / "phases.png").stat().st_size > 0  # one phase, shaded: every run writes it
     b_cfg = make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream",
                      f"pipeline.profile={tmp_path / 'a' / 'profile.json'}")
     b = train(b_cfg, tmp_path / "b")

@@ -1,6 +1,7 @@
 """The sweep's plots: ``speedup.png`` (heatmap of one method's speedup over another, depth x batch
-size), ``ttp.png`` (time-to-target bars per setting and method, seed spread as error bars) and
-``curves_pP_bB.png`` (validation perplexity against time of one setting, every method and seed)."""
+size), ``ttp.png`` (time-to-target bars per setting and method relative to the baseline's median,
+seed spread as error bars) and ``curves_pP_bB.png`` (validation perplexity against time of one
+setting, every method and seed). ``clock`` is the runs' clock, ``pipeline-profiled`` or ``wall``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
+from ..train.plots import log_ppl_axis, time_label  # noqa: E402
 from .markdown import fmt_speedup  # noqa: E402
-from .results import MethodStats, speedup  # noqa: E402
+from .results import MethodStats, clock_label, speedup  # noqa: E402
 
 
 def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: str, over: str, clock: str,
@@ -41,38 +43,45 @@ def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: 
     ax.set_yticks(range(len(depths)), [str(p) for p in depths])
     ax.set_xlabel("batch size (sequences)")
     ax.set_ylabel("pipeline depth p")
-    ax.set_title(f"speedup of {compare} over {over}\n(median time to target, {clock})", fontsize=10)
-    fig.colorbar(im, ax=ax, label=f"ttt({over}) / ttt({compare})")
+    ax.set_title(f"speedup of {compare} over {over}\nmedian time to target,\n{clock_label(clock)}", fontsize=9)
+    fig.colorbar(im, ax=ax, label=f"time to target of {over} / of {compare}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
-def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list[str], clock: str, path: Path) -> None:
-    """Bars of median time-to-target per setting and method, min-max over seeds as error bars; a
-    method that did not reach the target is a hatched bar up to the time it ran, labelled n.r."""
-    keys = list(stats)
+def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list[str], baseline: str, clock: str,
+             path: Path) -> None:
+    """Bars of each method's median time-to-target divided by the baseline's median in the same
+    setting (baseline = 1, linear axis from 0, so bar heights compare as ratios), min-max over seeds
+    as error bars; a method that did not reach the target is a hatched bar up to the time it ran,
+    labelled n.r. The baseline's own median time is written under each setting."""
+    keys = [k for k in stats if stats[k][baseline].ok]
     width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(keys) * len(methods) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(keys) * len(methods) + 2), 4.6))
     for k, method in enumerate(methods):
         color = f"C{k}"
         for i, key in enumerate(keys):
-            s = stats[key][method]
+            s, ref = stats[key][method], stats[key][baseline].ttt_median
             x = i - 0.4 + width * (k + 0.5)
             if s.runs == 0:
                 continue
             if s.ok:
                 top = s.ttt_max if math.isfinite(s.ttt_max) else s.ttt_median  # an unreached seed has no bar top
-                err = [[s.ttt_median - s.ttt_min], [top - s.ttt_median]]
-                ax.bar(x, s.ttt_median, width, color=color, yerr=err, capsize=2, label=method if i == 0 else None)
-            else:
-                ax.bar(x, s.ttt_lower, width, color="white", edgecolor=color, hatch="//",
+                err = [[(s.ttt_median - s.ttt_min) / ref], [(top - s.ttt_median) / ref]]
+                ax.bar(x, s.ttt_median / ref, width, color=color, yerr=err, capsize=2,
                        label=method if i == 0 else None)
-                ax.text(x, s.ttt_lower, "n.r.", ha="center", va="bottom", fontsize=7, rotation=90)
-    ax.set_xticks(range(len(keys)), [f"p{p}\nb{b}" for p, b in keys])
-    ax.set_yscale("log")
-    ax.set_ylabel(f"time to target (s, {clock})")
-    ax.set_title("time to target perplexity: median over seeds, min–max bars")
+            else:
+                ax.bar(x, s.ttt_lower / ref, width, color="white", edgecolor=color, hatch="//",
+                       label=method if i == 0 else None)
+                ax.text(x, s.ttt_lower / ref, "n.r.", ha="center", va="bottom", fontsize=7, rotation=90)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(keys)), [f"p{p} b{b}\n{baseline} {stats[(p, b)][baseline].ttt_median:.3g} s"
+                                     for p, b in keys], fontsize=8)
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the n.r. labels
+    ax.set_xlabel(f"depth p, batch size b; {baseline}'s median time to target, {clock_label(clock)}", fontsize=9)
+    ax.set_ylabel(f"time to target / {baseline}'s (lower is faster)")
+    ax.set_title(f"time to target perplexity relative to {baseline}\nmedian over seeds, min–max bars", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -82,7 +91,8 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
 
 def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], target: float | None, clock: str, title: str,
                         path: Path) -> None:
-    """Validation perplexity against time: ``curves`` maps each method to its (seed, eval records)."""
+    """Validation perplexity against time: ``curves`` maps each method (in the grid's order, which
+    gives its colour, as in ``ttp.png``) to its (seed, eval records)."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for k, (method, runs) in enumerate(curves.items()):
         for n, (seed, records) in enumerate(runs):
@@ -90,9 +100,9 @@ def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], target:
                     lw=1.2, marker="o", ms=2, label=method if n == 0 else None)
     if target:
         ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.4g}")
-    ax.set_xlabel(f"time_s ({clock})")
+    ax.set_xlabel(time_label(clock))
     ax.set_ylabel("validation perplexity")
-    ax.set_yscale("log")
+    log_ppl_axis(ax)
     ax.set_title(title)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import ConfigError
 from . import plots
 from .markdown import render
-from .results import clock_label, collect, table, write_csv
+from .results import collect, table, write_csv
 from .state import STATE, read_json
 from .target import evals
 
@@ -62,18 +62,20 @@ def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
     out[1].write_text(render(state, rows, stats))
     if not any(r["status"] == "done" for r in rows):
         return out
-    clock = clock_label(next(r["clock"] for r in rows if r["clock"]))
+    clock = next(r["clock"] for r in rows if r["clock"])
     baseline = state["definition"]["target"].get("baseline")
     over = baseline if baseline in methods and baseline != compare else next((m for m in methods if m != compare), None)
     if over is not None:
         out.append(sweep_dir / "speedup.png")
         plots.plot_speedup(stats, compare, over, clock, out[-1])
-    out.append(sweep_dir / "ttp.png")
-    plots.plot_ttt(stats, methods, clock, out[-1])
+    reference = baseline if baseline in methods else methods[0]
+    if any(by_method[reference].ok for by_method in stats.values()):  # bars are relative to its times
+        out.append(sweep_dir / "ttp.png")
+        plots.plot_ttt(stats, methods, reference, clock, out[-1])
     here = [r for r in rows if r["stages"] == p and r["batch_size"] == b and r["status"] == "done"]
     curves = {m: [(r["seed"], evals(sweep_dir / r["cell"])) for r in here if r["method"] == m] for m in methods}
     target = next((r["target_ppl"] for r in here), None)
     out.append(sweep_dir / f"curves_p{p}_b{b}.png")
-    plots.plot_setting_curves({m: c for m, c in curves.items() if c}, target, clock,
+    plots.plot_setting_curves(curves, target, clock,
                               f"{state['name']}: depth {p}, batch size {b}", out[-1])
     return out

@@ -410,10 +410,9 @@ class Trainer:
 
     def _plots(self, records: list[dict]) -> None:
         title = f"{method_label(self.cfg)}, p={self.cfg.pipeline.stages}, m={self.cfg.pipeline.microbatches}"
-        clock = self.runtime.clock_name
+        clock = "wall" if self.runtime.clock_name == "wall" else f"pipeline-{self.cfg.pipeline.clock}"
         plot_curves(records, self.dir / "curves.png", self.cfg.train.target_ppl, clock, title)
-        if self.cfg.schedule.name == "adapipe" or any(r.get("event") == "switch" for r in records):
-            plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, clock, title)
+        plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, clock, title)  # one span if no switch
 
 
 def train(cfg, run_dir: Path) -> dict:

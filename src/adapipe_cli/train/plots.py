@@ -8,8 +8,28 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter  # noqa: E402
 
 PHASE_COLORS = {"sync": "#4c72b0", "async": "#dd8452"}
+
+
+def time_label(clock: str) -> str:
+    """The x-axis label of a clock: ``wall`` or ``pipeline``, with its mode after a dash
+    (``pipeline-profiled``: the sweep's clock names)."""
+    kind, _, mode = clock.partition("-")
+    if kind == "wall":
+        return "wall-clock time (s)"
+    how = {"profiled": ", costs from the profile", "measured": ", costs as measured"}.get(mode, "")
+    return f"time on the pipeline clock (s{how})"
+
+
+def log_ppl_axis(ax) -> None:
+    """A log perplexity axis labelled at 1, 2 and 5 of each decade (plain numbers): a log axis with a
+    label per decade hides how far apart two curves are."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _evals(records: list[dict]) -> tuple[list[float], list[float]]:
@@ -28,9 +48,9 @@ def plot_curves(records: list[dict], path: Path, target: float | None, clock: st
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(t, ppl, marker="o", ms=3)
     _target(ax, target)
-    ax.set_xlabel(f"time_s ({clock} clock)")
+    ax.set_xlabel(time_label(clock))
     ax.set_ylabel("validation perplexity")
-    ax.set_yscale("log")
+    log_ppl_axis(ax)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if target:
@@ -65,9 +85,9 @@ def plot_phases(records: list[dict], path: Path, target: float | None, clock: st
         seen.add(phase)
     ax.plot(t, ppl, marker="o", ms=3, color="black", label="validation ppl")
     _target(ax, target)
-    ax.set_xlabel(f"time_s ({clock} clock)")
+    ax.set_xlabel(time_label(clock))
     ax.set_ylabel("validation perplexity")
-    ax.set_yscale("log")
+    log_ppl_axis(ax)
     ax.set_title(title)
     ax.legend()
     ax.grid(alpha=0.3)

@@ -154,6 +154,21 @@ def test_draw_timeline_boxes_and_downsampled(tmp_path):
     assert "downsampled" in note and (tmp_path / "big.png").stat().st_size > 0
 
 
+def test_timeline_fits_a_screen_and_draws_free_updates_as_lines(tmp_path):
+    from adapipe_cli.simulator.timeline import MAX_WIDTH_IN, shapes
+
+    free = run(4, 8, [SYNC] * 8, u=0.0, record=True)  # the simulate command's default picture
+    draw_timeline(free.timeline, 4, tmp_path / "t.png")
+    width = int.from_bytes((tmp_path / "t.png").read_bytes()[16:20], "big")  # PNG header: width in pixels
+    assert width <= MAX_WIDTH_IN * 100 + 200  # the axes at most MAX_WIDTH_IN inches, plus the legend
+    work, _, updates, lines = shapes(free.timeline)
+    assert updates == [] and len(lines) == 8 * 4 and len(work) == 8 * 4 * 2 * 8
+    assert all(a[0] == b[0] for (a, b) in lines)  # zero width: drawn at the update's time
+    paid = run(2, 1, [SYNC], u=0.25, record=True)
+    _, _, updates, lines = shapes(paid.timeline)
+    assert lines == [] and [round(u[2][0] - u[0][0], 9) for u in updates] == [0.25, 0.25]
+
+
 # -- adapipe simulate -------------------------------------------------------------------------------
 def simulate_cfg(*overrides: str):
     from adapipe_cli.cli.compose import compose_config
@@ -196,6 +211,20 @@ def test_action_table_formats_versions_of_async_actions():
     asyn = action_table(ScheduleSpec(2, 1), Plan(2, [ASYNC, ASYNC])).splitlines()
     assert asyn[0].split("|")[1].split() == ["F0@v0", "F1@v0", "B0@v0", "U0", "B1@v0", "U1"]
     assert "more" in action_table(ScheduleSpec(2, 8), Plan(1, [SYNC]), limit=4)
+
+
+def test_action_table_wraps_into_blocks_of_aligned_columns():
+    from adapipe_cli.cli.simulate import action_table
+
+    plan = Plan(8, [SYNC] * 8)
+    text = action_table(ScheduleSpec(4, 8), plan, width=100)
+    blocks = text.split("\n\n")
+    assert max(map(len, text.splitlines())) <= 100 and len(blocks) > 3
+    assert all(len(b.splitlines()) == 4 for b in blocks)  # every block holds every stage
+    unwrapped = action_table(ScheduleSpec(4, 8), plan, width=10**6).splitlines()
+    for s in range(4):  # the blocks of a stage put together are its unwrapped row
+        joined = [a for b in blocks for a in b.splitlines()[s].split("|")[1].split()]
+        assert joined == unwrapped[s].split("|")[1].split() and len(joined) == 8 * (2 * 8 + 1)
 
 
 def adapipe(*args: str) -> subprocess.CompletedProcess:

@@ -2,8 +2,10 @@
 
 Forward and backward boxes are coloured by microbatch (a qualitative palette of ten hues, so
 neighbouring microbatches differ): a forward in the light shade, its backward in the dark shade
-of the same hue. Updates are thin black boxes; idle time is left white. A label (``F3``, or just
-``3``) is written inside a box when it fits.
+of the same hue. Updates are black boxes as wide as they take, a zero-cost action a thin line at
+its time (not a box of made-up width); idle time is left white. A label (``F3``, or just ``3``) is
+written inside a box when it fits at the picture's size, and left out when it does not. The
+picture is at most ``MAX_WIDTH_IN`` inches wide: a long run is drawn narrower, not wider.
 
 Past ``max_boxes`` actions a box per action would be slow to draw and unreadable, so the timeline
 is downsampled instead: each stage's row becomes ``columns`` time columns, each painted with the
@@ -20,13 +22,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.collections import PolyCollection  # noqa: E402
+from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..schedules import BACKWARD, FORWARD, UPDATE  # noqa: E402
 
 MAX_BOXES = 6000
+MAX_WIDTH_IN = 16  # inches at 100 dpi: a picture that fits a screen
 COLUMNS = 2400
 HUES = 10  # tab20 holds ten hues, each as a (dark, light) pair
 BLACK = (0.0, 0.0, 0.0, 1.0)
@@ -52,17 +55,17 @@ def draw_timeline(boxes: Sequence[Box], stages: int, path: str | Path, title: st
     """Draw ``boxes`` to ``path``; returns one line saying what was drawn."""
     span = max((b[5] for b in boxes), default=0.0) or 1.0
     per_stage = len(boxes) / max(1, stages)
-    width = float(np.clip(per_stage * 0.32, 8, 30))
+    width = float(np.clip(per_stage * 0.16, 8, MAX_WIDTH_IN))
     height = float(np.clip(0.4 * stages + 1.6, 2.6, 22))
     fig, ax = plt.subplots(figsize=(width, height))
+    ax.set_xlim(0, span * 1.01)  # limits first: the labels are fitted to the boxes' size in pixels
+    ax.set_ylim(stages - 0.5, -0.5)  # stage 0 on top
     if len(boxes) <= max_boxes:
-        _draw_boxes(fig, ax, boxes, span)
+        _draw_boxes(ax, boxes)
         note = f"{len(boxes)} actions, one box each"
     else:
         _draw_raster(ax, boxes, stages, span, columns)
         note = f"downsampled: {len(boxes)} actions drawn as {columns} time columns per stage, without labels"
-    ax.set_xlim(0, span * 1.01)
-    ax.set_ylim(stages - 0.5, -0.5)  # stage 0 on top
     step = max(1, stages // 16)
     ax.set_yticks(range(0, stages, step))
     ax.set_ylabel("stage")
@@ -77,37 +80,47 @@ def draw_timeline(boxes: Sequence[Box], stages: int, path: str | Path, title: st
 def _legend() -> list[Patch]:
     pal = _palette()
     return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B (dark)"),
-            Patch(facecolor=BLACK, label="U"), Patch(facecolor="white", edgecolor="grey", label="idle")]
+            Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor="white", edgecolor="grey", label="idle")]
 
 
-def _draw_boxes(fig, ax, boxes: Sequence[Box], span: float) -> None:
+def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list]:
+    """(forward and backward boxes, their colours, update boxes, lines): each box the corners of its
+    true extent; an action that costs nothing (an update at ``update=0``) a line at its time."""
     pal = _palette()
-    thin = span * 0.004  # an update may cost nothing: keep it visible
-    work, work_colours, updates = [], [], []
+    work, work_colours, updates, instants = [], [], [], []
     for s, kind, mb, _step, start, end in boxes:
         y0, y1 = s - ROW / 2, s + ROW / 2
-        if kind == UPDATE:
-            end = max(end, start + thin)
+        if end <= start:
+            instants.append([(start, y0), (start, y1)])
+        elif kind == UPDATE:
             updates.append([(start, y0), (start, y1), (end, y1), (end, y0)])
         elif kind in (FORWARD, BACKWARD):
             work.append([(start, y0), (start, y1), (end, y1), (end, y0)])
             work_colours.append(pal[colour_index(kind, mb)])
+    return work, work_colours, updates, instants
+
+
+def _draw_boxes(ax, boxes: Sequence[Box]) -> None:
+    work, work_colours, updates, instants = shapes(boxes)
     ax.add_collection(PolyCollection(work, facecolors=work_colours, edgecolors="white", linewidths=0.4))
-    ax.add_collection(PolyCollection(updates, facecolors=BLACK, edgecolors=BLACK, linewidths=0.4, zorder=3))
-    _labels(fig, ax, boxes, span)
+    ax.add_collection(PolyCollection(updates, facecolors=BLACK, edgecolors="none", zorder=3))
+    ax.add_collection(LineCollection(instants, colors=BLACK, linewidths=1.0, zorder=3))
+    _labels(ax, boxes)
 
 
-def _labels(fig, ax, boxes: Sequence[Box], span: float) -> None:
-    """Write ``F3`` (or ``3``) inside each forward and backward box that is wide enough."""
+def _labels(ax, boxes: Sequence[Box]) -> None:
+    """Write ``F3`` (or ``3``) inside each forward and backward box wide enough for it at the
+    picture's size; narrower boxes get none."""
     fontsize = 7
-    px_per_s = ax.get_position().width * fig.get_figwidth() * fig.dpi / span
-    char_px = fontsize * 0.62 * fig.dpi / 72
+    fig = ax.figure
+    px_per_s = ax.get_position().width * fig.get_figwidth() * fig.dpi / ax.get_xlim()[1]
+    char_px = fontsize * 0.65 * fig.dpi / 72
     for s, kind, mb, _step, start, end in boxes:
         if kind not in (FORWARD, BACKWARD):
             continue
         room = (end - start) * px_per_s
         for text in (f"{kind}{mb}", f"{mb}"):
-            if len(text) * char_px + 2 <= room:
+            if len(text) * char_px + 4 <= room:
                 ax.text((start + end) / 2, s, text, ha="center", va="center", fontsize=fontsize,
                         color="white" if kind == BACKWARD else "black")
                 break

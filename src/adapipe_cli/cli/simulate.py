@@ -20,6 +20,7 @@ from .errors import fail
 
 SCHEDULES = ("1f1b", "gpipe", "pipedream", "2bw", "adapipe")
 ACTIONS_PRINTED = 256  # per stage, with print=true
+TABLE_WIDTH = 100  # characters: print=true wraps the action table into blocks this wide
 RECORD_LIMIT = 2_000_000  # actions: beyond this the timeline is not recorded (memory) nor drawn
 
 
@@ -123,9 +124,10 @@ def _fmt(a) -> str:
     return str(a) if a.phase == ASYNC else f"{a.kind}{a.mb}"
 
 
-def action_table(spec, plan, limit: int = ACTIONS_PRINTED) -> str:
-    """Every stage's action list, one row per stage, columns aligned (at most ``limit`` actions
-    per stage)."""
+def action_table(spec, plan, limit: int = ACTIONS_PRINTED, width: int = TABLE_WIDTH) -> str:
+    """Every stage's action list, one row per stage, columns aligned (column i: each stage's i-th
+    action), wrapped into blocks of at most ``width`` characters, at most ``limit`` actions per
+    stage."""
     from ..schedules import Plan, StageProgram
 
     rows, more = [], []
@@ -140,12 +142,21 @@ def action_table(spec, plan, limit: int = ACTIONS_PRINTED) -> str:
         more.append(n - len(row))
     ncol = max(map(len, rows), default=0)
     widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(ncol)]
-    lines = []
-    for s, row in enumerate(rows):
-        cells = " ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()
-        tail = f" ... (+{more[s]} more)" if more[s] else ""
-        lines.append(f"stage {s:>{len(str(spec.stages - 1))}} | {cells}{tail}")
-    return "\n".join(lines)
+    prefix = [f"stage {s:>{len(str(spec.stages - 1))}} | " for s in range(spec.stages)]
+    blocks, first = [], 0
+    while first < ncol or not blocks:
+        last, used = first, len(prefix[0])
+        while last < ncol and (last == first or used + widths[last] <= width):
+            used += widths[last] + 1
+            last += 1
+        block = []
+        for s, row in enumerate(rows):
+            cells = " ".join(c.ljust(w) for c, w in zip(row[first:last], widths[first:last])).rstrip()
+            tail = f" ... (+{more[s]} more)" if more[s] and last == ncol else ""
+            block.append(f"{prefix[s]}{cells}{tail}")
+        blocks.append("\n".join(block))
+        first = last
+    return "\n\n".join(blocks)
 
 
 def summary_text(name: str, setup: Setup, res) -> str:
@@ -207,6 +218,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
         print(summary_text(name, setup, res))
         if cfg["print"]:
             print()
+            print(f"each stage's actions in order, wrapped (at most {ACTIONS_PRINTED} per stage):")
             print(action_table(spec, setup.plan))
         print(f"\ntimeline.png: {timeline_note}")
         print(f"wrote {', '.join(written)}")

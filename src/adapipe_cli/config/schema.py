@@ -136,6 +136,8 @@ class OptimConfig:
     # muon (hidden matrices); AdamW with the settings above for the rest
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
+    # dtype of Muon's Newton-Schulz iteration: auto (bf16 on CUDA and bf16-fast CPUs, else fp32) | float32 | bfloat16
+    muon_ns_dtype: str = "auto"
 
 
 @dataclass

@@ -49,6 +49,8 @@ def validate(cfg) -> None:
     _need(t.checkpoint_every >= 0, "train.checkpoint_every must be >= 0 (0: no periodic checkpoints)")
     _need(o.lr > 0, f"optim.lr must be positive (got {o.lr})")
     _need(o.name != "muon" or o.muon_lr > 0, f"optim.muon_lr must be positive (got {o.muon_lr})")
+    _need(o.muon_ns_dtype in ("auto", "float32", "bfloat16"),
+          f"unknown optim.muon_ns_dtype={o.muon_ns_dtype!r}: use auto, float32 or bfloat16")
     _need(o.warmup_steps >= 0, "optim.warmup_steps must be >= 0")
     _need(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio must be in [0, 1]")
     _need(o.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 disables clipping)")

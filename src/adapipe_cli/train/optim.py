@@ -2,7 +2,8 @@
 
 Each pipeline stage owns an optimizer over its own parameters (a pipeline never gathers the
 model). ``optim=adamw`` (default), ``optim=nadamw`` (Adam with Nesterov momentum and decoupled
-weight decay) and ``optim=muon`` (``torch.optim.Muon`` on the hidden weight matrices, AdamW on
+weight decay) and ``optim=muon`` (:class:`Muon`, ``torch.optim.Muon`` with its Newton-Schulz
+iteration in a dtype that is fast on the device, on the hidden weight matrices; AdamW on
 embeddings, head, norms and biases).
 """
 
@@ -13,6 +14,7 @@ from typing import Iterable
 
 import torch
 import torch.nn as nn
+from torch.optim._muon import _adjust_lr
 
 OPTIMIZERS = ("adamw", "nadamw", "muon")
 
@@ -63,6 +65,76 @@ class NAdamW(torch.optim.Optimizer):
         return None
 
 
+NS_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def fast_bf16(device: torch.device) -> bool:
+    """Whether bf16 matrix products are fast on ``device``: CUDA, or a CPU with AVX512-BF16 or AMX.
+    Elsewhere (e.g. AVX2 CPUs) bf16 is emulated and a bf16 matmul is tens of times slower than fp32."""
+    if device.type == "cuda":
+        return True
+    if device.type != "cpu":
+        return False
+    cpu = torch.cpu
+    return any(bool(getattr(cpu, f, lambda: False)()) for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def ns_dtype(device: torch.device, choice: str = "auto") -> torch.dtype:
+    """The dtype of Muon's Newton-Schulz iteration: ``choice`` (``float32``, ``bfloat16``), or for
+    ``auto`` bf16 where it is fast (as torch.optim.Muon always uses) and fp32 elsewhere."""
+    if choice != "auto":
+        return NS_DTYPES[choice]
+    return torch.bfloat16 if fast_bf16(device) else torch.float32
+
+
+def zeropower_newton_schulz(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
+                            dtype: torch.dtype) -> torch.Tensor:
+    """torch.optim.Muon's quintic Newton-Schulz orthogonalization of ``g``, computed in ``dtype``:
+    ``X <- X / max(||X||_F, eps)``, then ``steps`` times ``A = X X^T``, ``X <- a X + (b A + c A^2) X``
+    (on the wide orientation of ``g``). In bf16 it is torch's, operation for operation."""
+    a, b, c = coefficients
+    x = g.to(dtype)
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # (not in place: with fp32, x may be the caller's momentum buffer)
+    for _ in range(steps):
+        gram = x @ x.T
+        update = torch.addmm(gram, gram, gram, beta=b, alpha=c)
+        x = torch.addmm(x, update, x, beta=a)
+    return x.T if tall else x
+
+
+class Muon(torch.optim.Muon):
+    """``torch.optim.Muon`` whose Newton-Schulz iteration runs in :func:`ns_dtype` of each gradient's
+    device (``ns_dtype="auto"``) rather than always in bf16. Update, per 2-D parameter W with
+    gradient g and momentum buffer B: ``B <- mu B + (1-mu) g``, ``U = NS(g + mu (B - g))`` (Nesterov)
+    or ``NS(B)``, ``W <- W (1 - lr wd) - lr sqrt(max(1, rows/cols)) U``."""
+
+    def __init__(self, params, ns_dtype: str = "auto", **kwargs) -> None:
+        super().__init__(params, **kwargs)
+        self.ns_dtype = ns_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, bufs = [], [], []
+            self._init_group(group, params, grads, bufs)
+            lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
+            for p, g, buf in zip(params, grads, bufs):
+                buf.lerp_(g, 1 - mu)
+                u = g.lerp(buf, mu) if group["nesterov"] else buf
+                u = zeropower_newton_schulz(u, group["ns_coefficients"], group["ns_steps"], group["eps"],
+                                            ns_dtype(g.device, self.ns_dtype))
+                p.mul_(1 - lr * wd)
+                p.add_(u, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
+        return loss
+
+
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
     """Muon's parameters: the 2-D weights of the blocks (not embeddings, head, norms, biases)."""
     return p.dim() == 2 and ".blocks." in f".{name}" and "embed" not in name and "head" not in name
@@ -88,8 +160,8 @@ class StageOptimizer:
             hidden = [p for n, p in named_params if is_hidden_matrix(n, p)]
             rest = [(n, p) for n, p in named_params if not is_hidden_matrix(n, p)]
             if hidden:
-                self.optimizers.append(torch.optim.Muon(
-                    hidden, lr=cfg.muon_lr, momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
+                self.optimizers.append(Muon(hidden, ns_dtype=cfg.muon_ns_dtype, lr=cfg.muon_lr,
+                                            momentum=cfg.muon_momentum, weight_decay=cfg.weight_decay))
         if rest:
             groups = _adamw_groups(rest, cfg.weight_decay)
             if cfg.name == "nadamw":

@@ -111,6 +111,10 @@ BAD = [
     (["schedule=pipedream", "schedule.weights=fresh"], "schedule.weights"),
     (["schedule=pipedream", "schedule.mitigation=[magic]"], "unknown mitigation 'magic'"),
     (["pipeline.profile=/nonexistent/profile.json"], "does not exist"),
+    (["heuristic=fixed", "heuristic.plan=[[sync,200],[asyn,null]]"], "heuristic.plan: unknown phase 'asyn'"),
+    (["heuristic=fixed", "heuristic.plan=[sync,async]"], "heuristic.plan"),
+    (["pipeline.stages", "4"], "'pipeline.stages' is not an override: write key=value with no spaces, e.g. pipeline.stages=4"),
+    (["heuristic.start=soon"], "heuristic.start='soon'"),  # (found while the Trainer is built, in the run directory)
 ]
 
 
@@ -135,6 +139,31 @@ def test_bad_data_files(case, capsys, tmp_path):
                  f"data.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "data" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refused_run_removes_the_folders_it_made_and_only_those(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY, "heuristic.start=soon"]) == 2  # the default outputs/DATE/TIME-SCHEDULE
+    assert main(["train", *TINY, "heuristic.start=soon", f"hydra.run.dir={tmp_path / 'a' / 'b'}"]) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    kept = tmp_path / "existing"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main(["train", *TINY, "heuristic.start=soon", f"hydra.run.dir={kept}"]) == 2
+    assert (kept / "notes.txt").read_text() == "mine"
+    assert len(capsys.readouterr().err.strip().splitlines()) == 3
+
+
+def test_wandb_without_an_api_key_says_how_to_log_in(capsys, tmp_path, monkeypatch):
+    for var in ("WANDB_MODE", "WANDB_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    assert main(["train", *TINY, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "wandb login" in err[0] and "WANDB_MODE=offline" in err[0], err
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):

@@ -40,7 +40,7 @@ def hydra_message(e: BaseException, command: str = "train") -> str:
         key = re.search(r"full_key: (\S+)", text)
         where = key.group(1) if key else "a key"
         return f"{where}: '{m.group(1)}' is not a valid {m.group(2).lower()}"
-    m = re.search(r"mismatched input|no viable alternative|extraneous input", text)
+    m = re.search(r"mismatched input|no viable alternative|extraneous input|Error parsing override", text)
     if m:
         return f"cannot parse an override ({text.splitlines()[0]}): write overrides as key=value"
     first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)

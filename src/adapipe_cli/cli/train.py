@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
 
-from .compose import HELP_FLAGS, compose_or_fail
-from .errors import fail
+from .compose import HELP_FLAGS, check_overrides, compose_or_fail
+from .errors import EXIT_USAGE, fail
 
 
 _FAILED: list[str] = []  # jobs of this process's multirun that failed: "RUN_DIR: reason"
@@ -114,6 +115,23 @@ def _check_resume(cfg) -> None:
         fail(f"checkpoint {folder} belongs to another configuration: {diff[0]}{more}")
 
 
+def _fix_run_dir(overrides: list[str]) -> tuple[list[str], Path | None]:
+    """The overrides with ``hydra.run.dir`` fixed now (its default name holds the time of day), and
+    the outermost folder of it that does not exist yet: what a refused run removes again (None when
+    the run directory exists already, e.g. a resumed run's)."""
+    from .compose import compose_config
+
+    run_dir = Path(str(compose_config(overrides, hydra=True).hydra.run.dir)).absolute()
+    if not any(a.startswith("hydra.run.dir=") for a in overrides):
+        overrides = [*overrides, f"hydra.run.dir={run_dir}"]
+    created = None
+    for d in (run_dir, *run_dir.parents):
+        if d.exists():
+            break
+        created = d
+    return overrides, created
+
+
 def train_command(overrides: list[str]) -> int:
     import hydra
 
@@ -122,8 +140,12 @@ def train_command(overrides: list[str]) -> int:
     overrides = _resume_overrides(overrides)
     wants_help = any(a in HELP_FLAGS for a in overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
+    created = None  # what a refused single run removes
+    if multirun:
+        check_overrides(overrides)
     if not wants_help and not multirun:
         cfg = compose_or_fail([a for a in overrides if not a.startswith("-")])
+        overrides, created = _fix_run_dir(overrides)
         if cfg.train.resume:
             _check_resume(cfg)
         if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
@@ -139,6 +161,8 @@ def train_command(overrides: list[str]) -> int:
     try:
         main()
     except SystemExit as e:
+        if e.code == EXIT_USAGE and created is not None:  # a refused run leaves nothing behind
+            shutil.rmtree(created, ignore_errors=True)
         return int(e.code or 0)
     for line in _FAILED:
         print(f"adapipe: failed: {line}", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..adaptive.fixed import parse_plan
 from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import WEIGHT_RULES
 
@@ -86,3 +87,9 @@ def _check_schedule(cfg) -> None:
           "model.tie_embeddings=true needs a synchronous schedule when pipeline.stages > 1 (the first and last "
           "stage sum their embedding gradients at a flush): use schedule=1f1b or gpipe, or untied embeddings")
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
+    if s.name == "adapipe" and cfg.heuristic.name == "fixed":
+        try:
+            parse_plan(cfg.heuristic.plan)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(str(e) if isinstance(e, ValueError) else
+                              f"heuristic.plan={cfg.heuristic.plan}: write [[phase, steps], ...], e.g. [[sync,200],[async,null]]") from None

@@ -106,7 +106,10 @@ class Trainer:
         sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link)
         self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
                            lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name})
-        self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
+        try:
+            self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
+        except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)
+            raise ConfigError(str(e)) from None
         self.policy = build.make_policy(cfg, self.plan)
         self.val = self.data.val_batches(self.micro)
         self.tokens_per_step = t.batch_size * cfg.model.block_size
@@ -172,8 +175,12 @@ class Trainer:
         self.guard.keep_for(self.lag)
         self.st = RunState()
         resume = self.resume
-        self.log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
-                          keep_lines=resume[1]["trainer_lines"] if resume else None)
+        try:
+            self.log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
+                              keep_lines=resume[1]["trainer_lines"] if resume else None)
+        except BaseException:  # (wandb refused to start: the dist runtime's workers must still stop)
+            rt.close()
+            raise
         first_line = (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
                       f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "

@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..config.validate import ConfigError
+
 
 def _clean(v: Any) -> Any:
     if hasattr(v, "item") and not isinstance(v, (list, dict)):  # numpy and torch scalars
@@ -39,6 +41,21 @@ def read_jsonl(path: Path) -> list[dict]:
     return out
 
 
+def _start_wandb(logger_cfg, config: dict, run_dir: Path):
+    """The wandb run, or a ConfigError saying how to log in (wandb raises when it has no API key and
+    cannot prompt for one)."""
+    import wandb
+
+    mode = logger_cfg.mode or os.environ.get("WANDB_MODE")
+    try:
+        return wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=logger_cfg.run_name,
+                          mode=mode, dir=str(run_dir), config=config, reinit=True)
+    except Exception as e:  # wandb raises UsageError, CommError, timeouts...
+        reason = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise ConfigError(f"logger=wandb could not start ({reason}): run `wandb login` or set WANDB_API_KEY, "
+                          f"or log locally with WANDB_MODE=offline (or use logger=none)") from None
+
+
 class RunLog:
     """Appends records to ``metrics.jsonl`` and mirrors them to wandb when configured."""
 
@@ -48,18 +65,12 @@ class RunLog:
         run writes them again)."""
         self.dir = Path(run_dir)
         self.path = self.dir / "metrics.jsonl"
+        self._wandb = _start_wandb(logger_cfg, config, self.dir) if logger_cfg.name == "wandb" else None
+        if logger_cfg.name not in ("none", "wandb"):
+            raise ConfigError(f"unknown logger {logger_cfg.name!r}: use none or wandb")
         self.records: list[dict] = read_jsonl(self.path)[:keep_lines] if keep_lines is not None else []
         self._rewrite()
         self._f = open(self.path, "a", buffering=1)
-        self._wandb = None
-        if logger_cfg.name == "wandb":
-            import wandb
-
-            mode = logger_cfg.mode or os.environ.get("WANDB_MODE")
-            self._wandb = wandb.init(project=logger_cfg.project, entity=logger_cfg.entity, name=logger_cfg.run_name,
-                                     mode=mode, dir=str(self.dir), config=config, reinit=True)
-        elif logger_cfg.name != "none":
-            raise ValueError(f"unknown logger {logger_cfg.name!r}: use none or wandb")
 
     def write(self, rec: dict) -> None:
         rec = {k: _clean(v) for k, v in rec.items()}

@@ -90,8 +90,13 @@ def test_help_lists_commands_and_groups(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out
     assert all(c in text for c in ("train", "simulate", "sweep", "report"))
-    r = run_cli("train", "--help")
-    assert r.returncode == 0 and "schedule:" in r.stdout and "heuristic:" in r.stdout
+    assert main(["train", "--help"]) == 0
+    text = capsys.readouterr().out
+    groups = dict(line.strip().split(": ", 1) for line in text.split("Config groups")[1].split("\n\n")[0].splitlines()[1:])
+    assert set(groups) == {"data", "heuristic", "logger", "model", "optim", "pipeline", "schedule"}  # no sweep
+    assert groups["schedule"] == "1f1b, 2bw, adapipe, gpipe, pipedream" and groups["data"].startswith("synthetic")
+    assert not any("base" in options.split(", ") for options in groups.values())
+    assert "pipeline:\n  stages: 4" in text  # the composed config follows
 
 
 BAD = [

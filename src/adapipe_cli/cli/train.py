@@ -132,11 +132,31 @@ def _fix_run_dir(overrides: list[str]) -> tuple[list[str], Path | None]:
     return overrides, created
 
 
+def help_text(overrides: list[str]) -> str:
+    """``adapipe train --help``: the groups a user can choose from (not each group's schema ``base``,
+    nor ``sweep``, which is adapipe sweep's) and the composed config."""
+    from omegaconf import OmegaConf
+
+    from ..config import conf_dir
+
+    cfg = compose_or_fail([a for a in overrides if not a.startswith("-")], check=False)
+    groups = sorted(d for d in conf_dir().iterdir() if d.is_dir() and d.name != "sweep" and any(d.glob("*.yaml")))
+    lines = ["usage: adapipe train [group=option ...] [key=value ...]   (-m: one run per comma-separated value)", "",
+             "Config groups (group=option):"]
+    lines += [f"  {d.name}: {', '.join(sorted(f.stem for f in d.glob('*.yaml')))}" for d in groups]
+    lines += ["", "Config (override any key as key=value):", OmegaConf.to_yaml(cfg).rstrip(), "",
+              "Hydra's own flags: adapipe train --hydra-help"]
+    return "\n".join(lines)
+
+
 def train_command(overrides: list[str]) -> int:
     import hydra
 
     from ..config import conf_dir, register_configs
 
+    if any(a in ("-h", "--help") for a in overrides):
+        print(help_text(overrides))
+        return 0
     overrides = _resume_overrides(overrides)
     wants_help = any(a in HELP_FLAGS for a in overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)

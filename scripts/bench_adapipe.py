@@ -6,14 +6,15 @@ For every cell (data, optimizer, depth p, microbatches m) the script
    cell's one clock, reused by every other run of the cell through ``pipeline.profile``);
 2. fixes the cell's target before any other method runs: the validation perplexity that sync
    reaches (median over seeds) at ``--target-at`` of its steps;
-3. runs async (PipeDream; 2BW where m >= p - 1) and AdaPipe (rate, goodput) until they reach the
-   target (at most ``--budget`` x the sync steps): async needs more, cheaper steps;
+3. runs async (pipedream+predict; 2bw+predict where m >= p - 1) and AdaPipe (rate, goodput; its
+   async phase pipedream+predict) until they reach the target (at most ``--budget`` x the sync
+   steps): async needs more, cheaper steps;
 4. prints and writes (``results.json``, ``results.md``) the median time-to-target per method, its
    spread over seeds and its ratio to sync. A method that never reaches the target is marked with
    its best perplexity.
 
 The learning rate is constant after its warm-up, so a method's trajectory does not depend on its
-step budget; the async schedules use their default mitigation (weight prediction).
+step budget; every async schedule runs with weight prediction (``+predict`` in its name).
 
 Example (the README's table): python scripts/bench_adapipe.py --out outputs/bench_adapipe
 Quick check: python scripts/bench_adapipe.py --data synthetic --optims adamw --depths 4 --micro 1 --seeds 1 --steps 100
@@ -41,15 +42,20 @@ DATA = {
 }
 
 
+PREDICT = "schedule.mitigation=[predict]"
+
+
 def methods(p: int, m: int, budget: list[str]) -> dict[str, list[str]]:
+    """The compared methods, named in full: every async schedule (and AdaPipe's async phase) with
+    weight prediction, set explicitly (``schedule=pipedream`` alone is PipeDream without it)."""
     out = {
         "sync": ["schedule=1f1b"],
-        "pipedream": ["schedule=pipedream", *budget],
-        "adapipe-rate": ["schedule=adapipe", "heuristic=rate", *budget],
-        "adapipe-goodput": ["schedule=adapipe", "heuristic=goodput", *budget],
+        "pipedream+predict": ["schedule=pipedream", PREDICT, *budget],
+        "adapipe-rate+predict": ["schedule=adapipe", "heuristic=rate", PREDICT, *budget],
+        "adapipe-goodput+predict": ["schedule=adapipe", "heuristic=goodput", PREDICT, *budget],
     }
     if m >= p - 1:
-        out["2bw"] = ["schedule=2bw", *budget]
+        out["2bw+predict"] = ["schedule=2bw", PREDICT, *budget]
     return out
 
 

@@ -28,7 +28,7 @@ def test_shipped_grids_compose_into_their_cells(name):
     depths, batches, methods, seeds = GRIDS[name]
     cells = grid.cells()
     assert len(cells) == depths * batches * methods * seeds == len({c.name for c in cells})
-    assert set(grid.methods) == {"sync", "async", "adapipe"}
+    assert set(grid.methods) == {"sync", "pipedream+predict", "adapipe+predict"}  # named in full
     for c in cells:
         assert c.batch_size == grid.cfg.microbatch_size * c.microbatches
     # the deepest pipeline at its largest batch, for each method: composes and validates
@@ -103,17 +103,17 @@ def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     target = state["targets"]["p2_b4"]
     assert target["rule"] == "sync_fraction" and target["ppl"] == target["from"]["p2_b4_sync_s0"]
     assert state["profiles"]["p2"].endswith("p2_mb2.json")
-    overrides = (out / "p2_b4_adapipe_s0" / ".hydra" / "overrides.yaml").read_text()
+    overrides = (out / "p2_b4_adapipe+predict_s0" / ".hydra" / "overrides.yaml").read_text()
     assert f"pipeline.profile={state['profiles']['p2']}" in overrides and "train.target_ppl=" in overrides
     stamp = {d.name: (d / "summary.json").stat().st_mtime_ns for d in out.glob("p2_*")}
-    for f in (out / "p2_b4_async_s0").iterdir():
+    for f in (out / "p2_b4_pipedream+predict_s0").iterdir():
         if f.is_file():
             f.unlink()
     assert main(["sweep", *TINY_GRID, f"sweep.dir={out}"]) == 0
     err = capsys.readouterr().err
-    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_async_s0"]
+    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_pipedream+predict_s0"]
     assert len(_lines(err, "skip")) == 2 and "profile p2" not in err and "target p2" not in err
-    assert all((out / n / "summary.json").stat().st_mtime_ns == t for n, t in stamp.items() if n != "p2_b4_async_s0")
+    assert all((out / n / "summary.json").stat().st_mtime_ns == t for n, t in stamp.items() if n != "p2_b4_pipedream+predict_s0")
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
@@ -121,12 +121,12 @@ def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
 
 def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path, capsys):
     out = tmp_path / "sw"
-    assert main(["sweep", *TINY_GRID, "sweep.only=[adapipe]", f"sweep.dir={out}"]) == 0
+    assert main(["sweep", *TINY_GRID, "sweep.only=[adapipe+predict]", f"sweep.dir={out}"]) == 0
     err = capsys.readouterr().err
-    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_sync_s0", "p2_b4_adapipe_s0"]
-    assert not (out / "p2_b4_async_s0").exists()
-    assert main(["sweep", *TINY_GRID, "sweep.only=[async]", f"sweep.dir={out}"]) == 0  # same directory
-    assert [line.split()[-1] for line in _lines(capsys.readouterr().err, "start")] == ["p2_b4_async_s0"]
+    assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_sync_s0", "p2_b4_adapipe+predict_s0"]
+    assert not (out / "p2_b4_pipedream+predict_s0").exists()
+    assert main(["sweep", *TINY_GRID, "sweep.only=[pipedream+predict]", f"sweep.dir={out}"]) == 0  # same directory
+    assert [line.split()[-1] for line in _lines(capsys.readouterr().err, "start")] == ["p2_b4_pipedream+predict_s0"]
     assert main(["sweep", *TINY_GRID, "sweep.only=[nope]", f"sweep.dir={out}"]) == 2
     assert "sweep.only: nope is not one of the methods" in capsys.readouterr().err
 
@@ -147,9 +147,9 @@ def test_a_grid_without_its_curves_setting_still_reports(tmp_path, capsys):
 
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, capsys):
     out = tmp_path / "sw"
-    args = ["sweep", *TINY_GRID, "~sweep.methods.async", f"sweep.dir={out}", "sweep.target.rule=fixed",
-            "sweep.target.ppl=60",
-            "sweep.methods.adapipe=['schedule=adapipe','data=text','data.train=/nonexistent/train.txt']"]
+    args = ["sweep", *TINY_GRID, f"sweep.dir={out}", "sweep.target.rule=fixed",
+            "sweep.target.ppl=60", "sweep.only=[sync,adapipe]",
+            "+sweep.methods.adapipe=['schedule=adapipe','data=text','data.train=/nonexistent/train.txt']"]
     assert main(args) == 1
     err = capsys.readouterr().err
     assert "adapipe: failed: p2_b4_adapipe_s0:" in err and len(_lines(err, "done")) == 1

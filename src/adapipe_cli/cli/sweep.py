@@ -72,4 +72,4 @@ def _check_cells(grid) -> None:
             continue
         checked.add((cell.stages, cell.microbatches, cell.method))
         # a target derived from sync is not known yet: check the cell with a stand-in
-        compose_or_fail(grid.overrides(cell, target=None if fixed else 2.0), prefix=f"cell {cell.name}: ")
+        compose_or_fail(grid.overrides(cell, target=grid.cfg.target.ppl if fixed else 2.0), prefix=f"cell {cell.name}: ")

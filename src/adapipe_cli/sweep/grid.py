@@ -90,8 +90,9 @@ class Grid:
              "sweep.stages, sweep.microbatches, sweep.seeds and sweep.methods must not be empty")
         need(c.microbatch_size >= 1, f"sweep.microbatch_size must be positive (got {c.microbatch_size})")
         for name in self.methods:
-            need(re.fullmatch(r"[A-Za-z0-9-]+", name) is not None,
-                 f"method name {name!r}: use letters, digits and '-' (it is part of run directory names)")
+            # '+' names a mitigation (pipedream+predict); '_' separates a cell name's parts
+            need(re.fullmatch(r"[A-Za-z0-9+-]+", name) is not None,
+                 f"method name {name!r}: use letters, digits, '-' and '+' (it is part of run directory names)")
         for o in [*extra, *c.fixed, *(o for v in self.methods.values() for o in v)]:
             key = override_key(o)
             need(key not in RESERVED and not key.startswith("hydra.sweep"),

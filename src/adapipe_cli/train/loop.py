@@ -52,14 +52,25 @@ class TrainingDiverged(RuntimeError):
     """The loss became non-finite (or spiked) and no guard recovered it."""
 
 
+def async_label(schedule) -> str:
+    """The published name of the async schedule a config runs (``schedule=pipedream``/``2bw``, or
+    adapipe's ``schedule.async``), with every mitigation named: ``pipedream`` (PipeDream, weight
+    stashing), ``pipedream-latest``, ``2bw`` (PipeDream-2BW), ``pipedream+predict``, ..."""
+    s = schedule
+    base = s["async"] if s.name == "adapipe" else s.name
+    name = "2bw" if base == "2bw" else ("pipedream" if s.weights == "stash" else f"pipedream-{s.weights}")
+    return name + "".join(f"+{x}" for x in s.mitigation)
+
+
 def method_label(cfg) -> str:
+    """What a run is, in the field's names, wherever it shows (run log, summary.json, plots):
+    ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(1f1b/pipedream+predict)``
+    (AdaPipe: its heuristic, then the sync and async schedules it switches between)."""
     s = cfg.schedule
-    if s.name == "pipedream":
-        return f"pipedream-{s.weights}" + "".join(f"+{x}" for x in s.mitigation)
-    if s.name == "2bw":
-        return "2bw" + "".join(f"+{x}" for x in s.mitigation)
+    if s.name in ("pipedream", "2bw"):
+        return async_label(s)
     if s.name == "adapipe":
-        return f"adapipe-{cfg.heuristic.name}"
+        return f"adapipe-{cfg.heuristic.name}({s.sync}/{async_label(s)})"
     return s.name
 
 
@@ -392,6 +403,10 @@ class Trainer:
         total = self.st.time_s
         return {
             "method": method_label(cfg), "schedule": cfg.schedule.name,
+            # the schedule each phase ran as (adapipe: both; a plain schedule: its one phase)
+            "phase_schedules": {"sync": cfg.schedule.sync if cfg.schedule.name == "adapipe" else
+                                (cfg.schedule.name if self.choice.phase == SYNC else None),
+                                "async": async_label(cfg.schedule) if self.choice.phase != SYNC else None},
             "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
             "runtime": self.runtime.name, "backend": self.runtime.backend, "clock": self.runtime.clock_name,
             "clock_mode": cfg.pipeline.clock if self.runtime.clock_name == "pipeline" else "wall",

@@ -1,0 +1,43 @@
+"""Published names mean the published algorithms: ``schedule=pipedream`` is PipeDream with weight
+stashing and ``schedule=2bw`` PipeDream-2BW, both without mitigation; a mitigated variant is named
+in full wherever a run's name shows."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapipe_cli.cli.main import main
+from adapipe_cli.train.loop import method_label
+from conftest import TINY
+
+
+@pytest.mark.parametrize("overrides,label", [
+    (["schedule=1f1b"], "1f1b"),
+    (["schedule=gpipe"], "gpipe"),
+    (["schedule=pipedream"], "pipedream"),
+    (["schedule=2bw"], "2bw"),
+    (["schedule=pipedream", "schedule.mitigation=[predict]"], "pipedream+predict"),
+    (["schedule=pipedream", "schedule.weights=latest", "schedule.mitigation=[lr_reschedule]"],
+     "pipedream-latest+lr_reschedule"),
+    (["schedule=2bw", "schedule.mitigation=[predict,nesterov]"], "2bw+predict+nesterov"),
+    ([], "adapipe-goodput(1f1b/pipedream+predict)"),  # the default run keeps prediction on, and says so
+    (["heuristic=rate", "schedule.mitigation=[]"], "adapipe-rate(1f1b/pipedream)"),
+    (["schedule.async=2bw", "schedule.sync=gpipe"], "adapipe-goodput(gpipe/2bw+predict)"),
+])
+def test_method_labels_name_the_variant(overrides, label, make_cfg):
+    assert method_label(make_cfg(*overrides)) == label
+
+
+def test_the_plain_schedules_have_no_mitigation(make_cfg):
+    assert list(make_cfg("schedule=pipedream").schedule.mitigation) == []
+    assert list(make_cfg("schedule=2bw").schedule.mitigation) == []
+    assert list(make_cfg("schedule=adapipe").schedule.mitigation) == ["predict"]
+
+
+def test_summary_names_the_method_and_each_phase_schedule(tmp_path):
+    assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=3", f"hydra.run.dir={tmp_path}"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["method"] == "adapipe-goodput(1f1b/pipedream+predict)"
+    assert s["phase_schedules"] == {"sync": "1f1b", "async": "pipedream+predict"}

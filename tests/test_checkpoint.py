@@ -127,3 +127,57 @@ def test_no_temporary_or_partial_checkpoint_is_ever_listed(tmp_path):
         checkpoint.load_latest(d)
     checkpoint.clean_partial(d)
     assert not (d / "checkpoints" / ".tmp-step-0000009-1-2").exists()
+
+
+def _text_run(tmp_path, text: str):
+    """A finished 4-step run with a checkpoint, on a local text file; returns (run dir, its overrides)."""
+    train_file = tmp_path / "a" / "train.txt"
+    train_file.parent.mkdir()
+    train_file.write_text(text)
+    args = ["data=text", "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=4",
+            "train.checkpoint_every=2", "train.batch_size=4", "pipeline.stages=2"]
+    d = tmp_path / "run"
+    assert run(d, *args, f"data.train={train_file}") == 0
+    return d, train_file
+
+
+TEXT = "".join(f"line {i}: the quick brown fox jumps over the lazy dog number {i % 7}.\n" for i in range(400))
+
+
+def test_resume_refuses_a_changed_data_file_and_accepts_it_moved(tmp_path, capsys):
+    d, train_file = _text_run(tmp_path, TEXT)
+    (d / "summary.json").unlink()
+    moved = tmp_path / "b" / "train.txt"  # the same file at another path: the same numbers
+    moved.parent.mkdir()
+    shutil.copy(train_file, moved)
+    train_file.write_text(TEXT.replace("lazy", "sleepy"))  # the original path now holds other text
+    capsys.readouterr()
+    before = {p: p.stat().st_mtime_ns for p in d.rglob("*")}
+    assert main(["train", f"train.resume={d}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the train data of data.train={train_file} differs" in err[0], err
+    assert {p: p.stat().st_mtime_ns for p in d.rglob("*")} == before  # a refused resume changes nothing
+    assert main(["train", f"train.resume={d}", f"data.train={moved}", "train.max_steps=4"]) == 0
+    assert json.loads((d / "summary.json").read_text())["steps"] == 4
+
+
+def test_resume_refuses_another_cost_profile(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+    prof = json.loads((d / "profile.json").read_text())
+    same, other = tmp_path / "same.json", tmp_path / "other.json"
+    same.write_text(json.dumps(prof))
+    other.write_text(json.dumps(dict(prof, update=[u * 2 + 1e-3 for u in prof["update"]])))
+    capsys.readouterr()
+    assert main(["train", f"train.resume={d}", f"pipeline.profile={other}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"the cost profile of pipeline.profile={other} differs" in err[0], err
+    assert main(["train", f"train.resume={d}", f"pipeline.profile={same}"]) == 0  # the same numbers elsewhere
+
+
+def test_resume_refuses_another_thread_count(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+    capsys.readouterr()
+    assert main(["train", f"train.resume={d}", "pipeline.threads=2"]) == 2
+    assert "pipeline.threads=1 in the checkpoint, 2 now" in capsys.readouterr().err

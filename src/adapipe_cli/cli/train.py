@@ -100,19 +100,35 @@ def _resume_overrides(overrides: list[str]) -> list[str]:
 
 def _check_resume(cfg) -> None:
     """Refuse, before Hydra writes anything into the run directory, a resume whose configuration
-    differs from its checkpoint's in a key that changes the numbers."""
+    differs from its checkpoint's in a key that changes the numbers, or whose data or cost profile
+    differ from those the checkpoint recorded."""
     from omegaconf import OmegaConf
 
-    from ..train import checkpoint
+    from ..data import DataError, build_data
+    from ..simulator.clock import CostProfile
+    from ..train import checkpoint, fingerprint
 
     try:
         folder, manifest = checkpoint.load_latest(Path(cfg.train.resume), warn=lambda m: print(m, file=sys.stderr))
     except checkpoint.CheckpointError as e:
         fail(str(e))
-    diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True))
+    diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True),
+                                         checkpoint.free_keys(manifest))
     if diff:
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
         fail(f"checkpoint {folder} belongs to another configuration: {diff[0]}{more}")
+    if not manifest.get("fingerprints"):
+        return
+    try:
+        now = fingerprint.data_fingerprints(build_data(cfg.data, cfg.model.block_size, cfg.seed))
+    except DataError as e:
+        fail(str(e))
+    profile = Path(cfg.pipeline.profile or Path(cfg.train.resume) / "profile.json")
+    if profile.is_file():
+        now[fingerprint.PROFILE] = fingerprint.profile_fingerprint(CostProfile.load(profile))
+    refusal = fingerprint.refusal(cfg, folder, manifest, now)
+    if refusal:
+        fail(refusal)
 
 
 def _fix_run_dir(overrides: list[str]) -> tuple[list[str], Path | None]:

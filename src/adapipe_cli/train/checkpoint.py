@@ -26,14 +26,23 @@ PREFIX = "step-"
 # keys that may differ between a checkpoint and the run that resumes it: none of them changes the
 # numbers a run produces
 # (not ``pipeline.runtime``: the two runtimes cut the pipeline at different points and store it in
-# different parts, ``pipeline`` vs ``stage-S``, so a checkpoint resumes on the runtime that wrote it)
+# different parts, ``pipeline`` vs ``stage-S``, so a checkpoint resumes on the runtime that wrote it;
+# not ``pipeline.threads``: some CPU kernels split their reductions by thread, so float results can
+# differ with the thread count)
 FREE_KEYS = {
     "train.max_time_s", "train.target_ppl", "train.stop_at_target", "train.checkpoint_every",
     "train.keep_checkpoints", "train.save_final", "train.resume", "train.progress",
-    "pipeline.threads", "pipeline.timeout_s", "pipeline.order", "pipeline.backend",
-    "pipeline.devices", "pipeline.profile", "pipeline.profile_reps", "data.cache_dir", "data.path",
-    "data.train", "data.valid",
+    "pipeline.timeout_s", "pipeline.order", "pipeline.backend",
+    "pipeline.devices", "pipeline.profile_reps", "data.cache_dir",
 }
+# where the data and the cost profile are read from: free when the checkpoint records fingerprints
+# of what they held (see :mod:`.fingerprint`), so that a file may move but not change
+LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}
+
+
+def free_keys(manifest: dict) -> set[str]:
+    """The keys a resume of the checkpoint with ``manifest`` may change."""
+    return FREE_KEYS | LOCATION_KEYS if manifest.get("fingerprints") else FREE_KEYS
 
 
 def stage_part(stage: int) -> str:
@@ -171,14 +180,15 @@ def load_latest(run_dir: Path, warn=print) -> tuple[Path, dict]:
     raise CheckpointError(f"no complete checkpoint in {root(run_dir)}: nothing to resume")
 
 
-def config_differences(saved: dict, current: dict) -> list[str]:
-    """Keys (dotted) whose values differ between two resolved configs, except :data:`FREE_KEYS`."""
+def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -> list[str]:
+    """Keys (dotted) whose values differ between two resolved configs, except the ``free`` ones
+    (:func:`free_keys` of the checkpoint's manifest)."""
     out = []
 
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
-            if a != b and prefix not in FREE_KEYS:
+            if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")
             return
         for k in sorted(keys):

@@ -26,7 +26,7 @@ from ..runtime.local import LocalRuntime, StepResult
 from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
-from . import build, checkpoint
+from . import build, checkpoint, fingerprint
 from .guard import DivergenceGuard
 from .metrics import RunLog
 from .plots import plot_curves, plot_phases
@@ -93,6 +93,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         t, p = cfg.train, cfg.pipeline
         self.data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
+        self.fingerprints = fingerprint.data_fingerprints(self.data)  # recorded in every checkpoint
+        self._check_fingerprints()
         self.micro = t.batch_size // p.microbatches
         train_tokens = getattr(self.data, "train_tokens", None)  # the token array of a finite corpus
         train_tokens = None if train_tokens is None else len(train_tokens)
@@ -158,6 +160,9 @@ class Trainer:
             cfg.model.tie_embeddings, p.order, self.eval_at, self.val)
 
     def _profile(self) -> CostProfile:
+        """The run's cost profile: ``pipeline.profile``, a resumed run's own, or measured now; refused
+        when it was measured for another run (model, stages, microbatch size...) or, on resume,
+        differs from the checkpoint's."""
         p = self.cfg.pipeline
         saved = self.dir / "profile.json"
         path = p.profile or (saved if self.cfg.train.resume and saved.is_file() else None)  # resume: the same clock
@@ -166,11 +171,24 @@ class Trainer:
             if prof.stages != p.stages:
                 raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
                                   f"use a profile measured for {p.stages} stages")
+            wrong = build.profile_mismatch(prof.meta, build.profile_meta(self.cfg, self.micro))
+            if wrong:
+                raise ConfigError(f"pipeline.profile={path} was measured for another run ({wrong}): "
+                                  f"measure one for this run (adapipe profile with the same overrides) or leave it out")
         else:
             x, y = self.batches(0, 0)
             prof = build.measure_stage_profile(self.cfg, self.stages, x, y)
+        self.fingerprints[fingerprint.PROFILE] = fingerprint.profile_fingerprint(prof)
+        self._check_fingerprints()  # before profile.json is written: a refused resume changes nothing
         prof.save(self.dir / "profile.json")
         return prof
+
+    def _check_fingerprints(self) -> None:
+        """Refuse a resume whose data or cost profile differ from the checkpoint's (see :mod:`.fingerprint`)."""
+        if self.resume:
+            refusal = fingerprint.refusal(self.cfg, self.resume[0], self.resume[1], self.fingerprints)
+            if refusal:
+                raise ConfigError(refusal)
 
     # -- the loop ------------------------------------------------------------------------------
     def eval_at(self, t: int) -> bool:
@@ -355,7 +373,7 @@ class Trainer:
             parts = {"trainer": checkpoint.write_part(folder, "trainer", trainer),
                      "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
         meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": trainer["lines"],
-                "runtime": self.runtime.name}
+                "runtime": self.runtime.name, "fingerprints": self.fingerprints}
         return checkpoint.commit(self.dir, folder, steps, parts, meta, self.cfg.train.keep_checkpoints)
 
     def _checkpoint_to_resume(self) -> tuple[Path, dict] | None:
@@ -363,7 +381,8 @@ class Trainer:
             return None
         checkpoint.clean_partial(self.dir)
         folder, manifest = checkpoint.load_latest(self.dir, warn=lambda m: print(m, file=sys.stderr))
-        diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(self.cfg, resolve=True))
+        diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(self.cfg, resolve=True),
+                                             checkpoint.free_keys(manifest))
         if diff:
             raise ConfigError(f"checkpoint {folder} belongs to another run: {diff[0]}"
                               + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))

@@ -1,0 +1,83 @@
+"""What a resumed run must find unchanged besides its configuration: the data it reads and its clock.
+
+A checkpoint's manifest records SHA-256 fingerprints of
+
+- ``train data``: the training token array of a corpus (so the file, the tokenizer trained on it and
+  every setting that shapes it are covered), or the synthetic source's transition table;
+- ``validation data``: the validation set's tokens;
+- ``cost profile``: the numbers of the pipeline clock's cost profile (its ``meta``, how and where it
+  was measured, left out).
+
+So a file may move (``data.path``, ``data.train``, ``data.valid`` and ``pipeline.profile`` are free
+keys when the checkpoint has fingerprints) but not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+
+import numpy as np
+import torch
+
+TRAIN, VALID, PROFILE = "train data", "validation data", "cost profile"
+
+
+def _sha(*arrays) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        a = a.numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
+        h.update(str((a.dtype, a.shape)).encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def data_fingerprints(data) -> dict[str, str]:
+    """{train data, validation data: SHA-256} of a data source (see the module's docstring)."""
+    tokens = getattr(data, "train_tokens", None)
+    if tokens is not None:
+        train = _sha(tokens)
+    elif hasattr(data, "successors"):  # the synthetic Markov source: its table is the whole corpus
+        train = _sha(data.successors, data.probs)
+    else:  # a source of another kind: its first batches at least
+        train = _sha(*data.train_batch(0, 8))
+    valid = _sha(*(x for batch in data.val_batches(64) for x in batch))
+    return {TRAIN: train, VALID: valid}
+
+
+def profile_fingerprint(profile) -> str:
+    """SHA-256 of a cost profile's numbers (every field but ``meta``)."""
+    numbers = {k: v for k, v in asdict(profile).items() if k != "meta"}
+    return hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()
+
+
+def first_change(saved: dict, now: dict) -> str | None:
+    """The first fingerprint that ``saved`` (a manifest's) has and ``now`` differs in, or None."""
+    return next((k for k in (TRAIN, VALID, PROFILE) if k in saved and k in now and saved[k] != now[k]), None)
+
+
+def where(cfg, kind: str) -> str:
+    """The config keys that gave ``kind``, for the user's line: ``data.train=FILE``, ``pipeline.profile=FILE``."""
+    d = cfg.data
+    if kind == PROFILE:
+        return f"pipeline.profile={cfg.pipeline.profile}" if cfg.pipeline.profile else "the run's profile.json"
+    key = "train" if kind == TRAIN else "valid"
+    if d.get(key):
+        return f"data.{key}={d[key]}"
+    if d.get("path"):
+        return f"data.path={d.path}"
+    return f"data={d.name}"
+
+
+def refusal(cfg, folder, manifest: dict, now: dict) -> str | None:
+    """One line refusing to resume the checkpoint in ``folder`` when what it was trained on (its
+    manifest's fingerprints) differs from ``now``; None when nothing recorded changed."""
+    changed = first_change(manifest.get("fingerprints") or {}, now)
+    if changed is None:
+        return None
+    if changed == PROFILE:
+        return (f"checkpoint {folder} ran on another clock: the cost profile of {where(cfg, changed)} differs from "
+                f"the checkpoint's; resume with the profile the run used (its profile.json)")
+    return (f"checkpoint {folder} was trained on other data: the {changed} of {where(cfg, changed)} differs from "
+            f"the checkpoint's (a file may move, not change)")

@@ -135,7 +135,7 @@ def test_a_grid_without_its_curves_setting_still_reports(tmp_path, capsys):
     """sweep.curves names a setting the narrowed grid lacks: the sweep ends with its report and the
     curves of the setting there is (the first, here the only one); adapipe report does the same."""
     out = tmp_path / "sw"
-    assert main(["sweep", *TINY_GRID, "~sweep.methods.async", "~sweep.methods.adapipe", "sweep.compare=sync",
+    assert main(["sweep", *TINY_GRID, "sweep.only=[sync]", "sweep.compare=sync",
                  "sweep.curves=p8_b4", f"sweep.dir={out}"]) == 0
     assert (out / "results.md").is_file() and (out / "curves_p2_b4.png").is_file()
     assert "--cell" not in capsys.readouterr().err

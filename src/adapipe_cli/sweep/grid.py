@@ -151,7 +151,8 @@ def compose_grid(overrides: list[str]):
 
 def load_grid(args: list[str]) -> Grid:
     """The grid of ``adapipe sweep`` arguments: ``sweep=NAME``, ``sweep.KEY=VALUE`` overrides of the
-    grid (``+sweep.methods.NAME=[...]`` adds a method), and training overrides given to every cell.
+    grid (``+sweep.methods.NAME=[...]`` adds a method; ``sweep.only`` selects methods, also those
+    whose names hold a ``+``, which Hydra keys cannot), and training overrides given to every cell.
     Raises Hydra's errors and ConfigError."""
     names = [a for a in args if a.split("=", 1)[0] == "sweep"]
     if not names:

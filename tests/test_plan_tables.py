@@ -1,11 +1,8 @@
 """Mixed phase plans against a version table written from the semantics, not from the engine.
 
 The expected lists come from two places that do not call :class:`StageProgram`: tables written
-out by hand for small cases, and :func:`expected_lists`, a small simulation of the documented
-semantics (schedules/program.py docstring, DESIGN.md "Weight semantics"): every sync step and every
-maximal run of async steps is a 1F1B segment; a stage counts its own updates; ``stash`` forwards
-with that count and backwards with the same, ``latest`` backwards with the count current then,
-``vertical`` uses the first stage's forward version, ``2bw`` uses ``max(t0, t - 1)``.
+out by hand for small cases, and ``version_table.expected_lists``, a small simulation of the
+documented semantics (schedules/program.py docstring, DESIGN.md "Weight semantics").
 """
 
 from __future__ import annotations
@@ -13,76 +10,10 @@ from __future__ import annotations
 import pytest
 
 from adapipe_cli.schedules import Plan, ScheduleError, ScheduleSpec, StageProgram
+from version_table import PHASE, expected_lists, segments
 
 PLANS = ["aaasaaa", "saassaaa"]
 DEPTHS = [(4, 1), (4, 2), (3, 4), (2, 1)]
-PHASE = {"a": "async", "s": "sync"}
-
-
-def segments(plan: str) -> list[tuple[int, int, str]]:
-    """(first step, step after the last, phase): one per sync step, one per run of async steps."""
-    out, t = [], 0
-    while t < len(plan):
-        end = t + 1
-        if plan[t] == "a":
-            while end < len(plan) and plan[end] == "a":
-                end += 1
-        out.append((t, end, PHASE[plan[t]]))
-        t = end
-    return out
-
-
-def stage_order(s: int, p: int, m: int, plan: str) -> list[tuple[str, int]]:
-    """Stage ``s``'s (kind, microbatch) order: in each segment of microbatches [a, b), warm-up
-    forwards w = min(p - s - 1, b - a), then F(a+w+i) B(a+i) pairs, then the remaining backwards;
-    U(t) (microbatch -1, step in the second slot) right after the backward of step t's last one."""
-    order = []
-    for t0, t1, _ in segments(plan):
-        a, b = t0 * m, t1 * m
-        w = min(p - s - 1, b - a)
-        seq = [("F", j) for j in range(a, a + w)]
-        for i in range(b - a - w):
-            seq += [("F", a + w + i), ("B", a + i)]
-        seq += [("B", j) for j in range(b - w, b)]
-        for kind, j in seq:
-            order.append((kind, j))
-            if kind == "B" and (j + 1) % m == 0:
-                order.append(("U", j // m))
-    return order
-
-
-def expected_lists(p: int, m: int, plan: str, rule: str) -> list[list[tuple]]:
-    """Every stage's actions as (kind, mb, step, version, phase), versions from the rule."""
-    seg_of = {t: (t0, ph) for t0, t1, ph in segments(plan) for t in range(t0, t1)}
-    first_stage_f: dict[int, int] = {}  # microbatch -> version stage 0 forwarded it with
-    out = []
-    for s in range(p):
-        updates, fwd, acts = 0, {}, []
-        for kind, j in stage_order(s, p, m, plan):
-            if kind == "U":
-                acts.append(("U", -1, j, j, PHASE[plan[j]]))
-                updates += 1
-                continue
-            t = j // m
-            t0, ph = seg_of[t]
-            if s == 0 and kind == "F":
-                first_stage_f[j] = updates
-            if ph == "sync":
-                v = t
-            elif rule == "2bw":
-                v = max(t0, t - 1)
-                assert v <= updates, "2bw needs a version the stage does not have yet"
-            elif rule == "vertical":
-                v = first_stage_f[j]
-            elif kind == "F" or rule == "stash":
-                v = fwd[j] if kind == "B" else updates
-            else:  # latest: the backward differentiates at the weights current now
-                v = updates
-            if kind == "F":
-                fwd[j] = v
-            acts.append((kind, j, t, v, ph))
-        out.append(acts)
-    return out
 
 
 def engine_lists(p: int, m: int, plan: str, rule: str) -> list[list[tuple]]:

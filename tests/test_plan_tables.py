@@ -16,9 +16,9 @@ PLANS = ["aaasaaa", "saassaaa"]
 DEPTHS = [(4, 1), (4, 2), (3, 4), (2, 1)]
 
 
-def engine_lists(p: int, m: int, plan: str, rule: str) -> list[list[tuple]]:
+def engine_lists(p: int, m: int, plan: str, rule: str, sync: str = "1f1b") -> list[list[tuple]]:
     phases = [PHASE[c] for c in plan]
-    spec = ScheduleSpec(p, m, "1f1b", rule)
+    spec = ScheduleSpec(p, m, sync, rule)
     spec.check()
     out = []
     for s in range(p):
@@ -77,11 +77,12 @@ def rules_for(p: int, m: int) -> list[str]:
     return ["stash", "latest", "vertical"] + (["2bw"] if m >= p - 1 else [])
 
 
+@pytest.mark.parametrize("sync", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("p,m", DEPTHS)
-def test_engine_lists_equal_the_version_table(plan, p, m):
+def test_engine_lists_equal_the_version_table(plan, p, m, sync):
     for rule in rules_for(p, m):
-        got, want = engine_lists(p, m, plan, rule), expected_lists(p, m, plan, rule)
+        got, want = engine_lists(p, m, plan, rule, sync), expected_lists(p, m, plan, rule, sync)
         for s in range(p):
             assert got[s] == want[s], f"{rule} stage {s}:\n got  {text(got[s])}\n want {text(want[s])}"
 
@@ -117,16 +118,17 @@ def test_table_follows_the_closed_forms(plan, p, m):
                     assert v == want, (rule, s, kind, j)
 
 
+@pytest.mark.parametrize("sync", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("p,m", DEPTHS)
-def test_switches_drain_and_fill(plan, p, m):
+def test_switches_drain_and_fill(plan, p, m, sync):
     """Properties that hold whatever the order: each microbatch is forwarded and backwarded once
     per stage, before its step's update; a sync step starts only after every earlier microbatch
     is finished (drain) and uses W(t); the first async step after a sync step starts from the
     flushed weights; no forward uses a version the stage has not reached."""
     n = len(plan) * m
     for rule in rules_for(p, m):
-        for s, acts in enumerate(engine_lists(p, m, plan, rule)):
+        for s, acts in enumerate(engine_lists(p, m, plan, rule, sync)):
             f = [a[1] for a in acts if a[0] == "F"]
             b = [a[1] for a in acts if a[0] == "B"]
             assert f == list(range(n)) and sorted(b) == list(range(n)), (rule, s)
@@ -173,8 +175,9 @@ def check_runs(lists: list[list[tuple]], p: int) -> None:
         assert moved, f"deadlock at {heads}"
 
 
+@pytest.mark.parametrize("sync", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("p,m", DEPTHS)
-def test_lists_run_without_deadlock(plan, p, m):
+def test_lists_run_without_deadlock(plan, p, m, sync):
     for rule in rules_for(p, m):
-        check_runs(engine_lists(p, m, plan, rule), p)
+        check_runs(engine_lists(p, m, plan, rule, sync), p)

@@ -25,14 +25,15 @@ def segments(plan: str) -> list[tuple[int, int, str]]:
     return out
 
 
-def stage_order(s: int, p: int, m: int, plan: str) -> list[tuple[str, int]]:
+def stage_order(s: int, p: int, m: int, plan: str, sync: str = "1f1b") -> list[tuple[str, int]]:
     """Stage ``s``'s (kind, microbatch) order: in each segment of microbatches [a, b), warm-up
-    forwards w = min(p - s - 1, b - a), then F(a+w+i) B(a+i) pairs, then the remaining backwards;
-    U(t) (microbatch -1, step in the second slot) right after the backward of step t's last one."""
+    forwards w = min(p - s - 1, b - a) (GPipe sync steps: w = b - a), then F(a+w+i) B(a+i) pairs,
+    then the remaining backwards; U(t) (microbatch -1, step in the second slot) right after the
+    backward of step t's last one."""
     order = []
-    for t0, t1, _ in segments(plan):
+    for t0, t1, ph in segments(plan):
         a, b = t0 * m, t1 * m
-        w = min(p - s - 1, b - a)
+        w = b - a if ph == "sync" and sync == "gpipe" else min(p - s - 1, b - a)
         seq = [("F", j) for j in range(a, a + w)]
         for i in range(b - a - w):
             seq += [("F", a + w + i), ("B", a + i)]
@@ -44,14 +45,14 @@ def stage_order(s: int, p: int, m: int, plan: str) -> list[tuple[str, int]]:
     return order
 
 
-def expected_lists(p: int, m: int, plan: str, rule: str) -> list[list[tuple]]:
+def expected_lists(p: int, m: int, plan: str, rule: str, sync: str = "1f1b") -> list[list[tuple]]:
     """Every stage's actions as (kind, mb, step, version, phase), versions from the rule."""
     seg_of = {t: (t0, ph) for t0, t1, ph in segments(plan) for t in range(t0, t1)}
     first_stage_f: dict[int, int] = {}  # microbatch -> version stage 0 forwarded it with
     out = []
     for s in range(p):
         updates, fwd, acts = 0, {}, []
-        for kind, j in stage_order(s, p, m, plan):
+        for kind, j in stage_order(s, p, m, plan, sync):
             if kind == "U":
                 acts.append(("U", -1, j, j, PHASE[plan[j]]))
                 updates += 1

@@ -224,11 +224,14 @@ def register_simulate_config() -> None:
 class SweepTarget:
     """The perplexity whose time-to-reach a sweep compares, decided before the methods run."""
 
-    rule: str = "sync_fraction"  # fixed | sync_fraction
+    rule: str = "sync_fraction"  # fixed | sync_fraction | sync_best
     ppl: Optional[float] = None  # fixed: the target
     # sync_fraction: the median over seeds of the validation perplexity the baseline method has
-    # reached at this fraction of its step budget, per (depth, batch size)
+    # reached at this fraction of a step budget, per (depth, batch size); budget null: its train.max_steps
     fraction: float = 0.5
+    budget: Optional[int] = None
+    # sync_best: the median over seeds of the best validation perplexity the baseline reaches in its
+    # whole step budget (a late target: give the baseline steps enough for its curve to flatten)
     baseline: str = "sync"
 
 
@@ -245,7 +248,9 @@ class SweepConfig:
     methods: Dict[str, List[str]] = field(default_factory=dict)  # name -> overrides, e.g. [schedule=1f1b]
     seeds: List[int] = field(default_factory=lambda: [0])
     fixed: List[str] = field(default_factory=list)  # overrides every cell gets (model, data, steps...)
-    target: SweepTarget = field(default_factory=SweepTarget)
+    target: SweepTarget = field(default_factory=SweepTarget)  # the early target
+    late_target: Optional[SweepTarget] = None  # a second, late target (e.g. rule=sync_best), reported beside it
+    jobs: Optional[int] = None  # cells run at once, each in its own process (null: the number of cores)
     compare: str = "adapipe"  # the method whose speedups over the others the report gives
     profile: bool = True  # measure one cost profile per depth and give it to every cell (local runtime)
     curves: Optional[str] = None  # the (depth, batch size) whose curves the report draws, e.g. p8_b4

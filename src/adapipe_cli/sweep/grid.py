@@ -26,7 +26,7 @@ RESERVED = {
     "train.batch_size": "sweep.microbatch_size and sweep.microbatches", "seed": "sweep.seeds",
     "train.target_ppl": "sweep.target", "pipeline.profile": "sweep.profile",
 }
-TARGET_RULES = ("fixed", "sync_fraction")
+TARGET_RULES = ("fixed", "sync_fraction", "sync_best")
 
 
 def shared_data(name: str) -> str:
@@ -101,13 +101,39 @@ class Grid:
         need(c.compare in self.methods, f"sweep.compare={c.compare} is not one of the methods ({methods})")
         for name in c.only or []:
             need(name in self.methods, f"sweep.only: {name} is not one of the methods ({methods})")
-        need(t.rule in TARGET_RULES, f"unknown sweep.target.rule={t.rule!r}: use fixed or sync_fraction")
-        if t.rule == "fixed":
-            need(t.ppl is not None and t.ppl > 1, "sweep.target.rule=fixed needs sweep.target.ppl > 1")
-        else:
-            need(0 < t.fraction <= 1, f"sweep.target.fraction must be in (0, 1] (got {t.fraction})")
-            need(t.baseline in self.methods,
-                 f"sweep.target.baseline={t.baseline} is not one of the methods ({methods})")
+        need(c.jobs is None or c.jobs >= 1, f"sweep.jobs must be at least 1 (got {c.jobs})")
+        for which, t in self.targets.items():
+            key = "sweep.target" if which == "early" else "sweep.late_target"
+            need(t.rule in TARGET_RULES, f"unknown {key}.rule={t.rule!r}: use {', '.join(TARGET_RULES)}")
+            if t.rule == "fixed":
+                need(t.ppl is not None and t.ppl > 1, f"{key}.rule=fixed needs {key}.ppl > 1")
+                continue
+            need(t.baseline in self.methods, f"{key}.baseline={t.baseline} is not one of the methods ({methods})")
+            if t.rule == "sync_fraction":
+                need(0 < t.fraction <= 1, f"{key}.fraction must be in (0, 1] (got {t.fraction})")
+                need(t.budget is None or t.budget >= 1, f"{key}.budget must be a positive step count or null")
+        need(len({t.baseline for t in self.targets.values() if t.rule != "fixed"}) <= 1,
+             "sweep.target and sweep.late_target derived from runs must share one baseline")
+
+    @property
+    def targets(self) -> dict:
+        """{``early``: sweep.target, ``late``: sweep.late_target when the grid has one}."""
+        out = {"early": self.cfg.target}
+        if self.cfg.late_target is not None:
+            out["late"] = self.cfg.late_target
+        return out
+
+    @property
+    def baseline(self) -> str | None:
+        """The method whose runs the targets are derived from; None when every target is fixed."""
+        return next((t.baseline for t in self.targets.values() if t.rule != "fixed"), None)
+
+    @property
+    def jobs(self) -> int:
+        """Cells run at once: sweep.jobs, else the cores this process may use."""
+        if self.cfg.jobs is not None:
+            return int(self.cfg.jobs)
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
     @property
     def selected(self) -> list[str]:
@@ -135,8 +161,11 @@ class Grid:
     def definition(self) -> dict:
         """What the runs of a cell depend on besides its axes: a sweep directory resumed with another
         definition would mix incomparable runs."""
-        return {"fixed": self.fixed, "methods": self.methods, "microbatch_size": self.cfg.microbatch_size,
-                "target": OmegaConf.to_container(self.cfg.target), "profile": self.cfg.profile}
+        out = {"fixed": self.fixed, "methods": self.methods, "microbatch_size": self.cfg.microbatch_size,
+               "target": OmegaConf.to_container(self.cfg.target), "profile": self.cfg.profile}
+        if self.cfg.late_target is not None:  # absent otherwise: sweeps from before it existed resume
+            out["late_target"] = OmegaConf.to_container(self.cfg.late_target)
+        return out
 
 
 def compose_grid(overrides: list[str]):

@@ -1,70 +1,213 @@
-"""Running a grid: every cell a job of a Hydra multirun of ``adapipe train``.
+"""Running a grid: every cell a one-job Hydra multirun of ``adapipe train``, ``sweep.jobs`` at once.
 
-How cells map onto Hydra's multirun: Hydra's basic sweeper runs the cartesian product of the
-values it is given, but a grid is not one product (a method is a *set* of overrides, and a
-setting's target is known only after its baseline ran). Within one (depth, batch size, method),
-though, the cells differ only by seed, so the sweep launches one ``adapipe train -m`` per
-(depth, batch size, method) over the seeds still to run, in this process, through the same
-``train_command`` a user's ``adapipe train -m`` goes through, with
+Each cell runs through the same ``train_command`` a user's ``adapipe train -m`` goes through, with
 
-    hydra.sweep.dir=SWEEP_DIR  hydra.sweep.subdir=p4_b16_adapipe_s${seed}  seed=0,1,2
+    hydra.sweep.dir=SWEEP_DIR  hydra.sweep.subdir=p4_b16_adapipe_s0
 
 so each cell is a job directory (``.hydra/``, ``metrics.jsonl``, ``summary.json``, plots) named
-after the cell. Order: for each depth, its cost profile is measured once (:mod:`.profile`); for
-each batch size, the baseline's cells run first when the target is derived from them
-(:mod:`.target`), then every other method with ``train.target_ppl`` set. A custom Hydra sweeper
-taking an explicit cell list would need a ``hydra_plugins`` package; per-(setting, method)
-multiruns need nothing beyond Hydra's own sweeper.
+after the cell, and a failing cell writes ``error.txt`` there while the others go on.
 
-Resuming: done cells are skipped (one line each); the profile and target recorded in
-``sweep.json`` are reused, so a resumed sweep compares its runs on the same clock and target.
-A failing cell writes ``error.txt`` in its directory and the others go on; the sweep ends with
-the report and one line per failed cell, exit status 1.
+Order: first the cost profile of every depth (:mod:`.profile`), measured in this process while
+nothing else runs; then the cells, ``sweep.jobs`` at a time, each in a worker process of its own
+(one in this process when ``jobs=1``). A setting's targets are derived from its baseline's cells
+(:mod:`.target`), so those cells are queued first, and the setting's other cells are queued once
+they have all ended and the targets are recorded; those cells run with ``train.target_ppl`` the
+lowest of the setting's targets, so that a run stopping at it has passed them all. The results do
+not depend on ``jobs``: a cell's clock is the depth's shared profile, not the time it took.
+
+Resuming: done cells are skipped (one line each); the profiles and targets recorded in
+``sweep.json`` are reused, so a resumed sweep compares its runs on the same clock and targets. The
+sweep ends with the report and one line per failed cell, exit status 1.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from ..cli.compose import compose_config
 from .grid import Cell, Grid
-from .progress import CellProgress, cell_line
+from .progress import cell_line, cell_result
 from .profile import measure_depth_profile
 from .state import SweepState
-from .target import derive_target, evals
+from .target import derive, evals
+
+
+def run_cell(overrides: list[str]) -> int:
+    """Run one cell (``adapipe train -m`` with one job); its exit status. Runs in a worker process."""
+    from ..cli.train import train_command
+
+    argv = sys.argv
+    try:
+        return train_command(["-m", *overrides])
+    finally:
+        sys.argv = argv
+
+
+class InlineExecutor:
+    """``jobs=1``: each cell runs in this process at submit, as a pool of one would run it."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        future.set_result(fn(*args))
+        return future
+
+    def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
+        pass
 
 
 class SweepRunner:
-    """Runs the cells of a grid into its directory, depth by depth and setting by setting."""
+    """Runs the cells of a grid into its directory."""
 
     def __init__(self, grid: Grid):
         self.grid = grid
         self.state = SweepState(grid)
         self.cells = grid.cells(only=True)  # the cells this sweep runs
         self.start = time.time()
-        self.seen = 0  # cells skipped or launched so far
+        self.seen = 0  # cells skipped or started so far
         self.failed: dict[str, str] = {}  # cell -> reason
+        self.profiles: dict[int, Path | None] = {}
 
     def run(self) -> dict[str, str]:
         """Run every cell that is not done; returns the failed cells and their reasons."""
         g = self.grid
-        print(f"adapipe sweep {g.name}: {len(self.cells)} cells into {g.dir}", file=sys.stderr, flush=True)
+        jobs = min(g.jobs, max(1, len(self.cells)))
+        print(f"adapipe sweep {g.name}: {len(self.cells)} cells into {g.dir}, {jobs} at a time",
+              file=sys.stderr, flush=True)
+        for p in g.cfg.stages:  # before any cell runs: a profile measured beside a running cell would be slower
+            self.profiles[p] = self.profile(p) if g.cfg.profile else None
+        queue: list[Cell] = []
+        self.waiting: dict[str, list[Cell]] = {}  # setting -> its cells that wait for its targets
+        self.pending: dict[str, set[str]] = {}  # setting -> its baseline cells not ended yet
         for p in g.cfg.stages:
-            profile = self.profile(p) if g.cfg.profile else None
             for m in g.cfg.microbatches:
-                self.run_setting(p, m, profile)
+                setting, baseline, others = self.plan_setting(p, m)
+                if baseline:
+                    queue += baseline
+                    self.waiting[setting] = others
+                else:
+                    queue += others
+        queue.sort(key=lambda c: c.method != g.baseline)  # baselines first (stable): they unlock the rest
+        ex = InlineExecutor() if jobs == 1 else ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"))
+        try:
+            self._drain(ex, queue, jobs)
+        except KeyboardInterrupt:
+            ex.shutdown(wait=False, cancel_futures=True)
+            raise
+        ex.shutdown()
         return self.failed
+
+    def plan_setting(self, p: int, m: int) -> tuple[str, list[Cell], list[Cell]]:
+        """(setting, the baseline cells to run first, the cells that wait for them): fixed targets are recorded
+        now; when a derived target is still unknown, the baseline's cells (all of them, ``sweep.only``
+        or not) come first."""
+        g = self.grid
+        cells = [c for c in g.cells() if c.stages == p and c.microbatches == m]
+        setting = cells[0].setting
+        for which, t in g.targets.items():
+            if t.rule == "fixed" and self.state.target(setting, which) is None:
+                self.state.set_target(setting, {"ppl": t.ppl, "rule": "fixed"}, which)
+        selected = [c for c in cells if c.method in g.selected]
+        if all(self.state.target(setting, w) is not None for w in g.targets):
+            return setting, [], selected
+        baseline = [c for c in cells if c.method == g.baseline]
+        self.pending[setting] = {c.name for c in baseline}
+        return setting, baseline, [c for c in selected if c.method != g.baseline]
+
+    def _drain(self, ex, queue: list[Cell], jobs: int) -> None:
+        running: dict[Future, tuple[Cell, int, float]] = {}
+        while queue or running:
+            while queue and len(running) < jobs:
+                c = queue.pop(0)
+                if self.state.status(c)[0] == "done":
+                    self.seen += 1
+                    cell_line(self.seen, len(self.cells), self.start, "skip", c.name, "(done)")
+                    queue += self.ended(c)
+                    continue
+                target = self.cell_target(c)
+                if target is False:
+                    continue
+                self.seen += 1
+                cell_line(self.seen, len(self.cells), self.start, "start", c.name)
+                running[ex.submit(run_cell, self.overrides(c, target))] = (c, self.seen, time.time())
+            if not running:
+                continue
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                c, index, t0 = running.pop(future)
+                try:
+                    code = future.result()
+                except Exception as e:  # the worker process died (killed, out of memory)
+                    code = 1
+                    (self.grid.dir / c.name).mkdir(parents=True, exist_ok=True)
+                    (self.grid.dir / c.name / "error.txt").write_text(f"worker process failed: {e!r}\n")
+                if code == 130:  # a run was interrupted: stop the sweep, not only that run
+                    raise KeyboardInterrupt
+                status, reason = self.state.status(c)
+                cell_result(index, len(self.cells), self.start, self.grid.dir / c.name, time.time() - t0)
+                if status != "done":
+                    self.failed[c.name] = reason or status
+                queue += self.ended(c)
+
+    def cell_target(self, c: Cell) -> float | None | bool:
+        """The ``train.target_ppl`` of a cell: None for the baseline's cells while its setting's targets
+        are derived, else the lowest of the setting's targets; False when a target could not be set
+        (the cell is failed without running)."""
+        targets = [self.state.target(c.setting, w) for w in self.grid.targets]
+        if c.setting in self.pending and c.method == self.grid.baseline:
+            return None
+        if None in targets:
+            self.seen += 1
+            self.failed[c.name] = f"no target: no {self.grid.baseline} run of {c.setting} completed"
+            cell_line(self.seen, len(self.cells), self.start, "failed", c.name, self.failed[c.name])
+            return False
+        return min(targets)
+
+    def ended(self, c: Cell) -> list[Cell]:
+        """The cells that ``c``'s end releases: once every baseline cell of its setting has ended, the
+        setting's targets are derived and its other cells queued."""
+        pending = self.pending.get(c.setting)
+        if pending is None or c.name not in pending:
+            return []
+        pending.discard(c.name)
+        if pending:
+            return []
+        del self.pending[c.setting]
+        self.derive(c.setting)
+        return self.waiting.pop(c.setting, [])
+
+    def derive(self, setting: str) -> None:
+        """Record the setting's derived targets from its done baseline cells (none done: no target)."""
+        g = self.grid
+        runs = {c.name: (evals(g.dir / c.name), self._budget(c)) for c in g.cells()
+                if c.setting == setting and c.method == g.baseline and self.state.status(c)[0] == "done"}
+        for which, t in g.targets.items():
+            if t.rule == "fixed" or self.state.target(setting, which) is not None:
+                continue
+            record = derive(t, runs)
+            if record is None:
+                continue
+            self.state.set_target(setting, record, which)
+            how = (f"best val ppl of its {len(record['from'])} runs" if t.rule == "sync_best" else
+                   f"{record['fraction']:g} of {record.get('budget') or 'their'} steps of {len(record['from'])} runs")
+            print(f"target {setting} ({which}): val ppl {record['ppl']:.4g} (median over seeds of {t.baseline}'s "
+                  f"{how})", file=sys.stderr, flush=True)
+
+    def _budget(self, cell: Cell) -> int:
+        """The cell's step budget, train.max_steps of the config it ran with."""
+        return int(OmegaConf.load(self.grid.dir / cell.name / ".hydra" / "config.yaml").train.max_steps)
 
     def profile(self, stages: int) -> Path:
         """The depth's cost profile: recorded in sweep.json, or measured now."""
         path = self.state.profile(stages)
         if path is None:
             mbs = self.grid.cfg.microbatch_size
-            first = next(c for c in self.cells if c.stages == stages)
+            first = next(c for c in self.grid.cells() if c.stages == stages)
             cfg = compose_config(self.grid.overrides(Cell(stages, 1, mbs, first.method, first.seed)))
             path = self.grid.dir / "profiles" / f"p{stages}_mb{mbs}.json"
             t0 = time.time()
@@ -75,79 +218,7 @@ class SweepRunner:
             self.state.set_profile(stages, path)
         return path
 
-    def run_setting(self, p: int, m: int, profile: Path | None) -> None:
-        """The cells of depth p with m microbatches: the target first (fixed, recorded, or derived from
-        the baseline's cells, run now), then every method's cells with that target."""
-        g, t = self.grid, self.grid.cfg.target
-        cells = [c for c in self.grid.cells() if c.stages == p and c.microbatches == m]
-        setting = cells[0].setting
-        if t.rule == "fixed" and self.state.target(setting) is None:
-            self.state.set_target(setting, {"ppl": t.ppl, "rule": "fixed"})
-        methods = g.selected
-        if t.rule == "sync_fraction" and self.state.target(setting) is None:
-            self.launch([c for c in cells if c.method == t.baseline], profile, None)
-            if t.baseline in methods:
-                methods.remove(t.baseline)
-            self.derive(setting, [c for c in cells if c.method == t.baseline])
-        target = self.state.target(setting)
-        for method in methods:
-            todo = [c for c in cells if c.method == method]
-            if target is None:
-                for c in todo:
-                    self.seen += 1
-                    self.failed[c.name] = f"no target: no {t.baseline} run of {setting} completed"
-                    cell_line(self.seen, len(self.cells), self.start, "failed", c.name, self.failed[c.name])
-                continue
-            self.launch(todo, profile, target)
-
-    def derive(self, setting: str, baseline: list[Cell]) -> None:
-        """Record the setting's sync_fraction target from its done baseline cells (none done: no target)."""
-        runs = {}
-        for c in baseline:
-            if self.state.status(c)[0] == "done":
-                runs[c.name] = (evals(self.grid.dir / c.name), self._budget(c))
-        record = derive_target(runs, self.grid.cfg.target.fraction)
-        if record is not None:
-            record["baseline"] = self.grid.cfg.target.baseline
-            self.state.set_target(setting, record)
-            print(f"target {setting}: val ppl {record['ppl']:.4g} (median over {len(record['from'])} "
-                  f"{record['baseline']} runs at {record['fraction']:g} of their steps)", file=sys.stderr, flush=True)
-
-    def _budget(self, cell: Cell) -> int:
-        """The cell's step budget, train.max_steps of the config it ran with."""
-        return int(OmegaConf.load(self.grid.dir / cell.name / ".hydra" / "config.yaml").train.max_steps)
-
-    def launch(self, cells: list[Cell], profile: Path | None, target: float | None) -> None:
-        """Skip the done cells; run the others (one setting and method) as one multirun over seeds."""
-        todo = []
-        for c in cells:
-            if self.state.status(c)[0] == "done":
-                self.seen += 1
-                cell_line(self.seen, len(self.cells), self.start, "skip", c.name, "(done)")
-            else:
-                todo.append(c)
-        if not todo:
-            return
-        from ..cli.train import train_command
-
-        c0 = todo[0]
-        overrides = [o for o in self.grid.overrides(c0, profile, target) if not o.startswith("seed=")]
-        overrides += [
-            "seed=" + ",".join(str(c.seed) for c in todo),
-            f"hydra.sweep.dir={self.grid.dir}", f"hydra.sweep.subdir={c0.setting}_{c0.method}_s${{seed}}",
-            f"+hydra.callbacks.progress._target_={CellProgress.__module__}.{CellProgress.__qualname__}",
-            f"+hydra.callbacks.progress.total={len(self.cells)}", f"+hydra.callbacks.progress.first={self.seen}",
-            f"+hydra.callbacks.progress.start={self.start}",
-        ]
-        argv = sys.argv
-        try:
-            code = train_command(["-m", *overrides])
-        finally:
-            sys.argv = argv
-        if code == 130:  # a run was interrupted: stop the sweep, not only that run
-            raise KeyboardInterrupt
-        self.seen += len(todo)
-        for c in todo:
-            status, reason = self.state.status(c)
-            if status != "done":
-                self.failed[c.name] = reason or status
+    def overrides(self, c: Cell, target: float | None) -> list[str]:
+        """The ``adapipe train -m`` overrides of one cell: a one-job multirun into its directory."""
+        return [*self.grid.overrides(c, self.profiles.get(c.stages), target),
+                f"hydra.sweep.dir={self.grid.dir}", f"hydra.sweep.subdir={c.name}"]

@@ -1,6 +1,6 @@
 """What a sweep directory knows: ``sweep.json`` (the grid, its cells, the cost profile of each
-depth and the target of each setting, written before the runs that use them) and the status of
-each cell's run directory.
+depth and the targets of each setting, early in ``targets`` and late in ``late_targets``, written
+before the runs that use them) and the status of each cell's run directory.
 
 A cell is *done* when its ``summary.json`` says ``completed: true``; *failed* when its directory
 holds an ``error.txt`` (written by ``adapipe train`` in a multirun) or an incomplete run; *missing*
@@ -19,6 +19,7 @@ from ..train.metrics import write_json
 from .grid import Cell, Grid
 
 STATE = "sweep.json"
+TARGET_KEYS = {"early": "targets", "late": "late_targets"}  # which target -> its key in sweep.json
 
 
 def read_json(path: Path) -> dict | None:
@@ -54,7 +55,7 @@ class SweepState:
             raise ConfigError(f"{grid.dir} holds a sweep with other {', '.join(changed)}: "
                               f"give another sweep.dir, or delete it to start again")
         self.profiles: dict[str, str] = old.get("profiles", {})
-        self.targets: dict[str, dict] = old.get("targets", {})
+        self.targets: dict[str, dict[str, dict]] = {w: old.get(TARGET_KEYS[w], {}) for w in TARGET_KEYS}
         grid.dir.mkdir(parents=True, exist_ok=True)
         self.save()
 
@@ -67,13 +68,14 @@ class SweepState:
             fcntl.flock(lock, fcntl.LOCK_EX)
             old = read_json(self.path) or {}
             self.profiles = {**old.get("profiles", {}), **self.profiles}
-            self.targets = {**old.get("targets", {}), **self.targets}
+            self.targets = {w: {**old.get(k, {}), **self.targets[w]} for w, k in TARGET_KEYS.items()}
             cells = {c["name"]: c for c in old.get("cells", [])}
             cells.update({c.name: {"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()})
             write_json(self.path, {
                 "name": g.name, "definition": g.definition(), "methods": list(g.methods),
                 "compare": g.cfg.compare, "curves": g.cfg.curves,
-                "cells": list(cells.values()), "profiles": self.profiles, "targets": self.targets,
+                "cells": list(cells.values()), "profiles": self.profiles,
+                **{k: self.targets[w] for w, k in TARGET_KEYS.items()},
             })
 
     def profile(self, stages: int) -> Path | None:
@@ -84,11 +86,11 @@ class SweepState:
         self.profiles[f"p{stages}"] = str(path)
         self.save()
 
-    def target(self, setting: str) -> float | None:
-        return self.targets.get(setting, {}).get("ppl")
+    def target(self, setting: str, which: str = "early") -> float | None:
+        return self.targets[which].get(setting, {}).get("ppl")
 
-    def set_target(self, setting: str, record: dict) -> None:
-        self.targets[setting] = record
+    def set_target(self, setting: str, record: dict, which: str = "early") -> None:
+        self.targets[which][setting] = record
         self.save()
 
     def status(self, cell: Cell) -> tuple[str, str]:

@@ -1,4 +1,11 @@
-"""The target perplexity of a setting and the time each run takes to reach it.
+"""The target perplexities of a setting and the time (and steps) each run takes to reach them.
+
+Two targets, set the way MLPerf and AlgoPerf set theirs, from the baseline's (sync's) own runs:
+
+- early (``sync_fraction``): the median over seeds of the perplexity the baseline reached at a
+  fraction of a step budget, e.g. 3/4 of 300 steps; early in training, where async often leads;
+- late (``sync_best``): the median over seeds of the best perplexity the baseline reaches in a
+  budget long enough for its curve to flatten.
 
 Time-to-target is read from a run's evaluation records, not from its summary: the first
 evaluation with ``val_ppl <= target`` gives ``time_s`` (the run's clock). Any run can then be
@@ -48,3 +55,28 @@ def derive_target(baseline_runs: dict[str, tuple[list[dict], int]], fraction: fl
     if not per_run:
         return None
     return {"ppl": median(per_run.values()), "rule": "sync_fraction", "fraction": fraction, "from": per_run}
+
+
+def best_target(baseline_runs: dict[str, tuple[list[dict], int]]) -> dict | None:
+    """The ``sync_best`` target from the baseline's runs: the median over seeds of each run's best
+    validation perplexity. None when no run has an evaluation."""
+    per_run = {name: min(r["val_ppl"] for r in ev) for name, (ev, _) in baseline_runs.items() if ev}
+    if not per_run:
+        return None
+    return {"ppl": median(per_run.values()), "rule": "sync_best", "from": per_run}
+
+
+def derive(target, baseline_runs: dict[str, tuple[list[dict], int]]) -> dict | None:
+    """The record of a derived target (``target``: a sweep.target node, rule sync_fraction or
+    sync_best) from the baseline's runs ({cell: (evals, step budget)})."""
+    if target.rule == "sync_best":
+        record = best_target(baseline_runs)
+    else:
+        budget = target.get("budget")
+        runs = {k: (ev, budget or b) for k, (ev, b) in baseline_runs.items()}
+        record = derive_target(runs, target.fraction)
+        if record is not None and budget:
+            record["budget"] = budget
+    if record is not None:
+        record["baseline"] = target.baseline
+    return record

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
@@ -17,7 +18,8 @@ from adapipe_cli.config import ConfigError, validate
 from adapipe_cli.sweep.grid import load_grid, merge_overrides
 from adapipe_cli.sweep.report import write_report
 from adapipe_cli.sweep.results import COLUMNS
-from adapipe_cli.sweep.target import derive_target, time_to_target
+from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
+from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3)}  # depths, batches, methods, seeds
 
@@ -87,7 +89,7 @@ def test_time_to_target_and_derived_target():
 
 TINY_GRID = ["sweep=smoke", "sweep.stages=[2]", "sweep.microbatches=[2]", "model.n_layer=2", "model.d_model=32",
              "model.n_head=2", "model.block_size=16", "data.vocab_size=64", "data.eval_tokens=256", "train.max_steps=4",
-             "train.eval_every=2", "pipeline.profile_reps=1"]
+             "train.eval_every=2", "pipeline.profile_reps=1", "sweep.jobs=1"]
 
 
 def _lines(err: str, verb: str) -> list[str]:
@@ -117,6 +119,28 @@ def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
+
+
+@pytest.mark.slow
+def test_results_do_not_depend_on_jobs(tmp_path, capsys):
+    """The same grid with jobs=1 (in this process) and jobs=2 (two worker processes) on one cost
+    profile: identical results.csv and evaluation records, and a start and an end line per cell."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    grid = [a for a in TINY_GRID if not a.startswith("sweep.jobs")]
+    assert main(["sweep", *grid, "sweep.jobs=1", f"sweep.dir={one}"]) == 0
+    capsys.readouterr()
+    state = json.loads((one / "sweep.json").read_text())  # the clock: the second sweep reuses the profile
+    two.mkdir()
+    (two / "sweep.json").write_text(json.dumps({"definition": state["definition"], "profiles": state["profiles"]}))
+    assert main(["sweep", *grid, "sweep.jobs=2", f"sweep.dir={two}"]) == 0
+    err = capsys.readouterr().err
+    assert "3 cells" in err and "2 at a time" in err and "profile p2" not in err
+    assert len(_lines(err, "start")) == 3 and len(_lines(err, "done")) == 3
+    assert (one / "results.csv").read_text() == (two / "results.csv").read_text()
+    for cell in ("p2_b4_sync_s0", "p2_b4_async_s0", "p2_b4_adapipe_s0"):
+        a, b = ([{k: r[k] for k in ("step", "val_ppl", "time_s")} for r in map(json.loads, (d / cell / "metrics.jsonl")
+                 .read_text().splitlines()) if r.get("kind") == "eval"] for d in (one, two))
+        assert a == b and len(a) == 3, cell
 
 
 def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path, capsys):
@@ -179,16 +203,27 @@ def unreached(t_end, best):
     return [(0, 100.0, 0.0), (10, 20.0, t_end / 2), (20, best, t_end)]
 
 
-def test_report_medians_spreads_speedups_and_unreached_targets(tmp_path):
-    """Hand-computed: p2_b4 sync ttt 10, 12, 14 -> 12 (10–14); async 8, 9, not reached -> 9 (8–n.r.);
-    adapipe 6, 7, 8 -> 7; speedups 12/7 = 1.71 and 9/7 = 1.29. p4_b4: sync 20 x3; adapipe reaches in
-    one seed of three -> n.r., bound median(10, 30, 30) = 30 -> <20/30 = 0.67; async has no run."""
+def test_bootstrap_interval_of_a_ratio_of_medians_by_hand():
+    """a = [1, 1], b = [2, 4]: a resampled median of a is 1; of b 2, 3 or 4 with probabilities 1/4,
+    1/2, 1/4 (the mean of two draws). The 95% interval is [2, 4]; the 40% one (30th to 70th
+    percentiles) is [3, 3]. Seeded: the same every time. One seed: no interval."""
+    assert speedup_ci([1, 1], [2, 4]) == (2.0, 4.0) == speedup_ci([1, 1], [2, 4])
+    assert speedup_ci([1, 1], [2, 4], level=0.4) == (3.0, 3.0)
+    assert speedup_ci([1], [2, 4]) is None
+    assert speedup_ci([1, 1, 1], [2, 2, math.inf]) == (2.0, math.inf)  # B not reached in 7/27 of resamples
+    assert within_noise((0.9, 1.2)) and not within_noise((1.01, 1.2)) and not within_noise(None)
+
+
+def _hand_sweep(tmp_path):
+    """Two settings, three methods, three seeds; an early target 10 and a late target 8.5."""
     methods = ["sync", "async", "adapipe"]
     cells = [{"name": f"p{p}_b4_{m}_s{s}", "setting": f"p{p}_b4", "stages": p, "microbatches": 2, "batch_size": 4,
               "method": m, "seed": s} for p in (2, 4) for m in methods for s in range(3)]
     state = {"name": "hand", "methods": methods, "compare": "adapipe", "curves": None, "cells": cells,
-             "definition": {"target": {"rule": "fixed", "ppl": 10.0, "baseline": "sync"}},
-             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}, "p4_b4": {"ppl": 10.0}}}
+             "definition": {"target": {"rule": "fixed", "ppl": 10.0, "baseline": "sync"},
+                            "late_target": {"rule": "sync_best", "baseline": "sync"}},
+             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}, "p4_b4": {"ppl": 10.0}},
+             "late_targets": {"p2_b4": {"ppl": 8.5}, "p4_b4": {"ppl": 8.5}}}
     (tmp_path / "sweep.json").write_text(json.dumps(state))
     for s, t in enumerate((10, 12, 14)):
         _run(tmp_path / f"p2_b4_sync_s{s}", reached(t))
@@ -201,19 +236,54 @@ def test_report_medians_spreads_speedups_and_unreached_targets(tmp_path):
     _run(tmp_path / "p4_b4_adapipe_s0", reached(10))
     _run(tmp_path / "p4_b4_adapipe_s1", unreached(30, 11.0))
     _run(tmp_path / "p4_b4_adapipe_s2", unreached(30, 13.0))
+
+
+def test_report_medians_spreads_speedups_and_unreached_targets(tmp_path):
+    """Hand-computed, early target 10 (first eval <= 10: step 10 at time t): p2_b4 sync ttt 10, 12, 14
+    -> 12 (10–14); async 8, 9, not reached -> 9 (8–n.r.); adapipe 6, 7, 8 -> 7; speedups 12/7 = 1.71
+    and 9/7 = 1.29. Intervals: a resampled median of 3 values is the smallest or the largest with
+    probability 7/27 each, so the extreme ratios (10/8 = 1.25, 14/6 = 2.33; 8/8 = 1 and inf, async's
+    unreached seed) each have probability >= (7/27)^2 = 0.067 > 0.025: [1.25, 2.33] and [1.00, ∞]
+    (within noise). p4_b4: sync 20 x3; adapipe reaches in one seed of three -> n.r., bound
+    median(10, 30, 30) = 30 -> <=20/30 = 0.67 [0, 2]; async has no run. Steps: all reached at step 10;
+    p4 adapipe's bound median(10, 20, 20) = 20 -> <=0.50. Late target 8.5 (step 20 at t + 5): p2
+    sync 15, 17, 19 -> 17, async 13, 14, n.r. -> 14, adapipe 11, 12, 13 -> 12."""
+    _hand_sweep(tmp_path)
     paths = write_report(tmp_path)
-    assert {p.name for p in paths} == {"results.csv", "results.md", "speedup.png", "ttp.png", "curves_p4_b4.png"}
+    assert {p.name for p in paths} == {"results.csv", "results.md", "speedup.png", "ttp.png", "speedup_late.png",
+                                       "ttp_late.png", "curves_p4_b4.png"}
     assert all(p.stat().st_size > 0 for p in paths)
     md = (tmp_path / "results.md").read_text()
-    assert "| 2 | 4 (2) | 10 | 12 (10–14) | 9 (8–n.r.) | 7 (6–8) | 1.71x | 1.29x | 30% | 3 |" in md, md
-    assert "| 4 | 4 (2) | 10 | 20 (20–20) | no run | n.r. (best 11) | <0.67x | – |" in md, md
+    early, late = md.split("## Early target")[1].split("## Late target")
+    assert ("| 2 | 4 (2) | 10 | 12 (10–14) | 9 (8–n.r.) | 7 (6–8) | 1.71x [1.25, 2.33] | 1.29x [1.00, ∞] | 30% | 3 |"
+            in early), md
+    assert "| 4 | 4 (2) | 10 | 20 (20–20) | no run | n.r. (best 11) | <=0.67x [0.00, 2.00] | – |" in early, md
+    assert "| 2 | 4 (2) | 10 (10–10) | 10 (10–n.r.) | 10 (10–10) | 1.00x [1.00, 1.00] | 1.00x [1.00, ∞] |" in early
+    assert "| 4 | 4 (2) | 10 (10–10) | no run | n.r. (best 11) | <=0.50x [0.00, 1.00] | – |" in early
+    assert "Within noise in time to the early target (the interval includes 1): p2_b4 adapipe vs async, " \
+           "p4_b4 adapipe vs sync." in early
+    assert "| 2 | 4 (2) | 8.5 | 17 (15–19) | 14 (13–n.r.) | 12 (11–13) | 1.42x" in late, md
     assert "`p2_b4_async_s2`: best val ppl 12.5 > target 10" in md and "`p4_b4_async_s0`: missing" in md
+    assert "Runs that did not reach the late target" in md and "best validation perplexity sync" in md
     assert "pipeline clock" in md
     with open(tmp_path / "results.csv") as f:
         rows = {r["cell"]: r for r in csv.DictReader(f)}
     assert len(rows) == 18
     assert float(rows["p2_b4_sync_s1"]["time_to_target_s"]) == 12 and rows["p2_b4_async_s2"]["reached"] == "False"
+    assert float(rows["p2_b4_sync_s1"]["late_time_to_target_s"]) == 17 and rows["p2_b4_sync_s1"]["late_step_to_target"] == "20"
     assert rows["p4_b4_async_s0"]["status"] == "missing"
+
+
+def test_targets_early_at_a_fraction_of_a_budget_and_late_at_the_best():
+    from omegaconf import OmegaConf
+
+    evals = [{"step": s, "val_ppl": 100.0 / (1 + s), "time_s": 0.5 * s} for s in range(0, 101, 10)]
+    slower = [dict(r, val_ppl=r["val_ppl"] * 2) for r in evals]
+    runs = {"a": (evals, 100), "b": (slower, 100), "c": (slower, 100)}
+    early = derive(OmegaConf.create({"rule": "sync_fraction", "fraction": 0.75, "budget": 40, "baseline": "sync"}), runs)
+    assert early["ppl"] == pytest.approx(200 / 31) and early["budget"] == 40  # step 30 = 3/4 of 40, not of 100
+    late = derive(OmegaConf.create({"rule": "sync_best", "baseline": "sync"}), runs)
+    assert late["ppl"] == pytest.approx(200 / 101) and late["from"]["a"] == pytest.approx(100 / 101)
 
 
 @pytest.mark.slow

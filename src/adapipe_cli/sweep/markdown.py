@@ -1,11 +1,13 @@
-"""``results.md``: the comparison table of a sweep, with its clock, targets and caveats stated."""
+"""``results.md``: the comparison tables of a sweep (per target: time and steps to it, speedups with
+their bootstrap intervals, the cells within noise), with its clock, targets and caveats stated."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from .results import MethodStats, clock_label, speedup
+from .bootstrap import LEVEL, fmt_ci, speedup_ci, within_noise
+from .results import PREFIX, MethodStats, Spread, clock_label, speedup
 
 NOT_REACHED = "n.r."
 
@@ -19,25 +21,42 @@ def fmt_time(x: float) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.3g}"
 
 
-def fmt_ttt(s: MethodStats) -> str:
+def fmt_steps(x: float) -> str:
+    if math.isnan(x):
+        return "–"
+    return NOT_REACHED if math.isinf(x) else f"{x:.0f}"
+
+
+def fmt_spread(s: MethodStats, spread: Spread, fmt=fmt_time) -> str:
     """``12.3 (10.1–13.0)``; ``12.3 (10.1–n.r.)`` when a seed did not reach it;
     ``n.r. (best 5.43)`` when most seeds did not; ``n=2/3`` when seeds are missing."""
     if s.runs == 0:
         return "no run"
-    if not s.ok:
+    if not spread.ok:
         text = f"{NOT_REACHED} (best {s.best_ppl:.4g})"
     elif s.runs == 1:
-        text = fmt_time(s.ttt_median)
+        text = fmt(spread.median)
     else:
-        text = f"{fmt_time(s.ttt_median)} ({fmt_time(s.ttt_min)}–{fmt_time(s.ttt_max)})"
+        text = f"{fmt(spread.median)} ({fmt(spread.min)}–{fmt(spread.max)})"
     return text + (f" n={s.runs}/{s.planned}" if s.runs < s.planned else "")
+
+
+def fmt_ttt(s: MethodStats) -> str:
+    return fmt_spread(s, s.time)
 
 
 def fmt_speedup(x: tuple[str, float] | None) -> str:
     if x is None:
         return "–"
-    rel, v = x
-    return f"{'' if rel == '=' else rel}{v:.2f}x"
+    rel, v = x  # a bound: the unreached run's true time is at least what it ran for
+    return f"{'' if rel == '=' else rel + '='}{v:.2f}x"
+
+
+def fmt_speedup_ci(a: Spread, b: Spread) -> str:
+    """``1.32x [1.10, 1.50]``: the speedup of a over b and its bootstrap interval."""
+    text = fmt_speedup(speedup(a, b))
+    ci = speedup_ci(a.values, b.values) if text != "–" else None
+    return f"{text} {fmt_ci(ci)}".rstrip()
 
 
 def clock_sentence(clocks: set[str]) -> str:
@@ -52,57 +71,101 @@ def clock_sentence(clocks: set[str]) -> str:
     return f"Times are on {labels}: runs timed as they ran, not on one shared profile; compare with care."
 
 
-def render(state: dict, rows: list[dict], stats: dict) -> str:
+def render(state: dict, rows: list[dict], stats: dict[str, dict]) -> str:
     """The Markdown report of a sweep: ``state`` is its sweep.json, ``rows`` its results.csv rows,
-    ``stats`` their :func:`.results.table`."""
-    methods, compare = state["methods"], state["compare"]
-    others = [m for m in methods if m != compare]
+    ``stats`` their :func:`.results.table` for each target the sweep has ({early: ..., late: ...})."""
+    compare = state["compare"]
     clocks = {r["clock"] for r in rows if r["clock"]}
     done = sum(r["status"] == "done" for r in rows)
-    lines = [f"# Sweep `{state['name']}`: time to target perplexity", "",
+    pct = f"{LEVEL:.0%}"
+    lines = [f"# Sweep `{state['name']}`: time and steps to target perplexity", "",
              f"{done} of {len(rows)} runs done. {clock_sentence(clocks)}", "",
-             "Time-to-target: median over seeds (min–max) of the time of the first evaluation at or below the "
-             f"setting's target; {NOT_REACHED}: not reached within the step budget (best validation perplexity "
-             f"given). Speedup of {compare} over X = median time(X) / median time({compare}); >x or <x: a bound, "
-             "where one of the two did not reach the target.", ""]
-    lines += [_target_sentence(state), ""]
+             "Time-to-target and steps-to-target: median over seeds (min–max) of the time (the optimizer steps) of "
+             f"the first evaluation at or below the setting's target; {NOT_REACHED}: not reached within the step "
+             "budget (best validation perplexity given). A run that never reaches a target counts as not reached "
+             "(infinitely slow), never as dropped. Steps-to-target is the statistical efficiency (what an update is "
+             "worth), time-to-target the product of it and the hardware efficiency (what a user waits for). "
+             f"Speedup of {compare} over X = median(X) / median({compare}); >=x or <=x: a bound, where most seeds of one "
+             "of the two did not reach the target (their time counted as the time they ran for). In brackets the {pct} bootstrap interval over seeds (each method's seeds "
+             "resampled with replacement, 10000 times, seeded); a speedup whose interval includes 1 is *within "
+             "noise*.", ""]
+    lines += [f"- {_target_sentence(state, which)}" for which in stats] + [""]
     profiles = state.get("profiles") or {}
     if profiles:
         lines += ["Cost profiles (one per depth, the clock of all its runs): "
                   + ", ".join(f"{k} `{Path(v).parent.name}/{Path(v).name}`" for k, v in profiles.items()) + ".", ""]
-    head = ["depth", "batch (m)", "target ppl", *methods, *(f"{compare} vs {o}" for o in others),
-            f"{compare} async time", f"{compare} switches"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for (p, b), by_method in stats.items():
-        m = next(r["microbatches"] for r in rows if r["stages"] == p and r["batch_size"] == b)
-        target = next((r["target_ppl"] for r in rows if r["stages"] == p and r["batch_size"] == b), None)
-        c = by_method[compare]
-        cells = [str(p), f"{b} ({m})", f"{target:.4g}" if target else "–", *(fmt_ttt(by_method[x]) for x in methods),
-                 *(fmt_speedup(speedup(c, by_method[o])) for o in others),
-                 f"{c.async_fraction:.0%}" if c.runs else "–", f"{c.switches:g}" if c.runs else "–"]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += _exceptions(rows)
+    for which, table in stats.items():
+        lines += _target_section(state, rows, which, table)
+    lines += _exceptions(rows, list(stats))
     return "\n".join(lines) + "\n"
 
 
-def _target_sentence(state: dict) -> str:
-    rule = state.get("definition", {}).get("target", {})
+def _target_section(state: dict, rows: list[dict], which: str, table: dict) -> list[str]:
+    methods, compare = state["methods"], state["compare"]
+    others = [m for m in methods if m != compare]
+    key = PREFIX[which] + "target_ppl"
+    lines = [f"## {which.capitalize()} target", "", "Time to target (s):", ""]
+    head = ["depth", "batch (m)", "target ppl", *methods, *(f"{compare} vs {o}" for o in others),
+            f"{compare} async time", f"{compare} switches"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    noise: dict[str, list[str]] = {"time": [], "steps": []}
+    for (p, b), by_method in table.items():
+        m = next(r["microbatches"] for r in rows if r["stages"] == p and r["batch_size"] == b)
+        target = next((r[key] for r in rows if r["stages"] == p and r["batch_size"] == b), None)
+        c = by_method[compare]
+        cells = [str(p), f"{b} ({m})", f"{target:.4g}" if target else "–", *(fmt_ttt(by_method[x]) for x in methods),
+                 *(fmt_speedup_ci(c.time, by_method[o].time) for o in others),
+                 f"{c.async_fraction:.0%}" if c.runs else "–", f"{c.switches:g}" if c.runs else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+        for o in others:
+            for kind in noise:
+                a, x = getattr(c, kind), getattr(by_method[o], kind)
+                if speedup(a, x) and within_noise(speedup_ci(a.values, x.values)):
+                    noise[kind].append(f"p{p}_b{b} {compare} vs {o}")
+    lines += ["", "Steps to target (optimizer steps):", ""]
+    head = ["depth", "batch (m)", *methods, *(f"{compare} vs {o}" for o in others)]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (p, b), by_method in table.items():
+        m = next(r["microbatches"] for r in rows if r["stages"] == p and r["batch_size"] == b)
+        c = by_method[compare]
+        cells = [str(p), f"{b} ({m})", *(fmt_spread(by_method[x], by_method[x].steps, fmt_steps) for x in methods),
+                 *(fmt_speedup_ci(c.steps, by_method[o].steps) for o in others)]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [""]
+    for kind, label in (("time", "time"), ("steps", "steps")):
+        cells = ", ".join(noise[kind]) or "none"
+        lines.append(f"Within noise in {label} to the {which} target (the interval includes 1): {cells}.")
+    return lines + [""]
+
+
+def _target_sentence(state: dict, which: str) -> str:
+    definition = state.get("definition", {})
+    rule = definition.get("target" if which == "early" else "late_target") or {}
+    name = f"{which.capitalize()} target"
     if rule.get("rule") == "fixed":
-        return f"Target: validation perplexity {rule.get('ppl'):g} in every setting (fixed)."
-    return (f"Target per setting: the median over seeds of the validation perplexity that {rule.get('baseline')} "
-            f"reached at {rule.get('fraction'):g} of its step budget, decided after its runs and before the others'.")
+        return f"{name}: validation perplexity {rule.get('ppl'):g} in every setting (fixed)."
+    if rule.get("rule") == "sync_best":
+        return (f"{name}: per setting, the median over seeds of the best validation perplexity {rule.get('baseline')} "
+                "reached in its whole step budget (long enough for its curve to flatten), decided after its runs and "
+                "before the others'.")
+    budget = f"{rule['budget']} steps" if rule.get("budget") else "its step budget"
+    return (f"{name}: per setting, the median over seeds of the validation perplexity that {rule.get('baseline')} "
+            f"reached at {rule.get('fraction'):g} of {budget}, decided after its runs and before the others'.")
 
 
-def _exceptions(rows: list[dict]) -> list[str]:
-    """Runs that did not reach the target, and runs that failed or are missing: named, not dropped."""
+def _exceptions(rows: list[dict], targets: list[str]) -> list[str]:
+    """Runs that did not reach a target, and runs that failed or are missing: named, not dropped."""
     out = []
-    unreached = [r for r in rows if r["status"] == "done" and not r["reached"]]
-    if unreached:
-        out += ["", "Runs that did not reach the target:", ""]
-        out += [f"- `{r['cell']}`: best val ppl {r['best_val_ppl']:.4g} > target {r['target_ppl']:.4g}"
-                if r["target_ppl"] else f"- `{r['cell']}`: no target" for r in unreached]
+    for which in targets:
+        k = PREFIX[which]
+        unreached = [r for r in rows if r["status"] == "done" and not r[k + "reached"]]
+        if unreached:
+            out += [f"Runs that did not reach the {which} target:", ""]
+            out += [f"- `{r['cell']}`: best val ppl {r['best_val_ppl']:.4g} > target {r[k + 'target_ppl']:.4g}"
+                    if r[k + "target_ppl"] else f"- `{r['cell']}`: no target" for r in unreached]
+            out += [""]
     bad = [r for r in rows if r["status"] != "done"]
     if bad:
-        out += ["", "Runs failed or missing (left out of the statistics):", ""]
+        out += ["Runs failed or missing (left out of the statistics):", ""]
         out += [f"- `{r['cell']}`: {r['status']}" + (f": {r['error']}" if r["error"] else "") for r in bad]
     return out

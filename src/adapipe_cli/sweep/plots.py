@@ -1,5 +1,6 @@
-"""The sweep's plots: ``speedup.png`` (heatmap of one method's speedup over another, depth x batch
-size), ``ttp.png`` (time-to-target bars per setting and method relative to the baseline's median,
+"""The sweep's plots, for the early target (``_late`` after the name for the late one):
+``speedup.png`` (heatmap of one method's speedup in time to target over another, depth x batch
+size, with its bootstrap interval), ``ttp.png`` (time-to-target bars per setting and method relative to the baseline's median,
 seed spread as error bars) and ``curves_pP_bB.png`` (validation perplexity against time of one
 setting, every method and seed). ``clock`` is the runs' clock, ``pipeline-profiled`` or ``wall``."""
 
@@ -15,35 +16,40 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import TwoSlopeNorm  # noqa: E402
 
 from ..train.plots import log_ppl_axis, time_label  # noqa: E402
+from .bootstrap import fmt_ci, speedup_ci  # noqa: E402
 from .markdown import fmt_speedup  # noqa: E402
 from .results import MethodStats, clock_label, speedup  # noqa: E402
 
 
 def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: str, over: str, clock: str,
-                 path: Path) -> None:
+                 path: Path, target: str = "early") -> None:
     """Heatmap of median ttt(over) / median ttt(compare): rows depths, columns batch sizes; cells
-    annotated, bounds with > or <, grey where neither reached the target."""
+    annotated with the bootstrap interval under the value, bounds with >= or <=, grey where neither
+    reached the target."""
     depths = sorted({p for p, _ in stats})
     batches = sorted({b for _, b in stats})
     values = [[math.nan] * len(batches) for _ in depths]
     labels = [[""] * len(batches) for _ in depths]
     for (p, b), by_method in stats.items():
-        s = speedup(by_method[compare], by_method[over])
+        a, x = by_method[compare].time, by_method[over].time
+        s = speedup(a, x)
         values[depths.index(p)][batches.index(b)] = s[1] if s else math.nan
-        labels[depths.index(p)][batches.index(b)] = fmt_speedup(s)
+        labels[depths.index(p)][batches.index(b)] = (fmt_speedup(s) + "\n" + fmt_ci(speedup_ci(a.values, x.values))
+                                                      if s else "–")
     finite = [v for row in values for v in row if math.isfinite(v)]
     span = max([abs(v - 1) for v in finite] + [0.05])
-    fig, ax = plt.subplots(figsize=(1.3 * len(batches) + 2.2, 0.9 * len(depths) + 1.6))
+    fig, ax = plt.subplots(figsize=(1.4 * len(batches) + 2.4, 0.9 * len(depths) + 1.8))
     cmap = plt.get_cmap("RdBu").with_extremes(bad="#dddddd")
     im = ax.imshow(values, cmap=cmap, norm=TwoSlopeNorm(1.0, 1 - span, 1 + span), aspect="auto", origin="lower")
     for i in range(len(depths)):
         for j in range(len(batches)):
-            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=10)
+            ax.text(j, i, labels[i][j], ha="center", va="center", fontsize=9)
     ax.set_xticks(range(len(batches)), [str(b) for b in batches])
     ax.set_yticks(range(len(depths)), [str(p) for p in depths])
     ax.set_xlabel("batch size (sequences)")
     ax.set_ylabel("pipeline depth p")
-    ax.set_title(f"speedup of {compare} over {over}\nmedian time to target,\n{clock_label(clock)}", fontsize=9)
+    ax.set_title(f"speedup of {compare} over {over}\nmedian time to the {target} target,\n{clock_label(clock)}",
+                 fontsize=9)
     fig.colorbar(im, ax=ax, label=f"time to target of {over} / of {compare}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -51,7 +57,7 @@ def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: 
 
 
 def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list[str], baseline: str, clock: str,
-             path: Path) -> None:
+             path: Path, target: str = "early") -> None:
     """Bars of each method's median time-to-target divided by the baseline's median in the same
     setting (baseline = 1, linear axis from 0, so bar heights compare as ratios), min-max over seeds
     as error bars; a method that did not reach the target is a hatched bar up to the time it ran,
@@ -62,26 +68,26 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
     for k, method in enumerate(methods):
         color = f"C{k}"
         for i, key in enumerate(keys):
-            s, ref = stats[key][method], stats[key][baseline].ttt_median
+            s, ref = stats[key][method].time, stats[key][baseline].time.median
             x = i - 0.4 + width * (k + 0.5)
-            if s.runs == 0:
+            if not s.values:
                 continue
             if s.ok:
-                top = s.ttt_max if math.isfinite(s.ttt_max) else s.ttt_median  # an unreached seed has no bar top
-                err = [[(s.ttt_median - s.ttt_min) / ref], [(top - s.ttt_median) / ref]]
-                ax.bar(x, s.ttt_median / ref, width, color=color, yerr=err, capsize=2,
-                       label=method if i == 0 else None)
+                top = s.max if math.isfinite(s.max) else s.median  # an unreached seed has no bar top
+                err = [[(s.median - s.min) / ref], [(top - s.median) / ref]]
+                ax.bar(x, s.median / ref, width, color=color, yerr=err, capsize=2, label=method if i == 0 else None)
             else:
-                ax.bar(x, s.ttt_lower / ref, width, color="white", edgecolor=color, hatch="//",
+                ax.bar(x, s.lower / ref, width, color="white", edgecolor=color, hatch="//",
                        label=method if i == 0 else None)
-                ax.text(x, s.ttt_lower / ref, "n.r.", ha="center", va="bottom", fontsize=7, rotation=90)
+                ax.text(x, s.lower / ref, "n.r.", ha="center", va="bottom", fontsize=7, rotation=90)
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
-    ax.set_xticks(range(len(keys)), [f"p{p} b{b}\n{baseline} {stats[(p, b)][baseline].ttt_median:.3g} s"
+    ax.set_xticks(range(len(keys)), [f"p{p} b{b}\n{baseline} {stats[(p, b)][baseline].time.median:.3g} s"
                                      for p, b in keys], fontsize=8)
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the n.r. labels
     ax.set_xlabel(f"depth p, batch size b; {baseline}'s median time to target, {clock_label(clock)}", fontsize=9)
     ax.set_ylabel(f"time to target / {baseline}'s (lower is faster)")
-    ax.set_title(f"time to target perplexity relative to {baseline}\nmedian over seeds, min–max bars", fontsize=10)
+    ax.set_title(f"time to the {target} target perplexity relative to {baseline}\nmedian over seeds, min–max bars",
+                 fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -89,7 +95,7 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
     plt.close(fig)
 
 
-def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], target: float | None, clock: str, title: str,
+def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], targets: list[float], clock: str, title: str,
                         path: Path) -> None:
     """Validation perplexity against time: ``curves`` maps each method (in the grid's order, which
     gives its colour, as in ``ttp.png``) to its (seed, eval records)."""
@@ -98,8 +104,8 @@ def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], target:
         for n, (seed, records) in enumerate(runs):
             ax.plot([r["time_s"] for r in records], [r["val_ppl"] for r in records], color=f"C{k}", alpha=0.85,
                     lw=1.2, marker="o", ms=2, label=method if n == 0 else None)
-    if target:
-        ax.axhline(target, color="grey", ls="--", lw=1, label=f"target {target:.4g}")
+    for target, name, ls in zip(targets, ("early", "late"), ("--", ":")):
+        ax.axhline(target, color="grey", ls=ls, lw=1, label=f"{name} target {target:.4g}")
     ax.set_xlabel(time_label(clock))
     ax.set_ylabel("validation perplexity")
     log_ppl_axis(ax)

@@ -10,7 +10,7 @@ from pathlib import Path
 from ..config import ConfigError
 from . import plots
 from .markdown import render
-from .results import collect, table, write_csv
+from .results import PREFIX, collect, table, targets_of, write_csv
 from .state import STATE, read_json
 from .target import evals
 
@@ -57,7 +57,7 @@ def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
     p, b = curves_setting(state, rows, cell)
     out = [sweep_dir / "results.csv", sweep_dir / "results.md"]
     methods, compare = state["methods"], state["compare"]
-    stats = table(rows, methods)
+    stats = {which: table(rows, methods, which) for which in targets_of(rows) or ["early"]}
     write_csv(rows, out[0])
     out[1].write_text(render(state, rows, stats))
     if not any(r["status"] == "done" for r in rows):
@@ -65,16 +65,18 @@ def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
     clock = next(r["clock"] for r in rows if r["clock"])
     baseline = state["definition"]["target"].get("baseline")
     over = baseline if baseline in methods and baseline != compare else next((m for m in methods if m != compare), None)
-    if over is not None:
-        out.append(sweep_dir / "speedup.png")
-        plots.plot_speedup(stats, compare, over, clock, out[-1])
     reference = baseline if baseline in methods else methods[0]
-    if any(by_method[reference].ok for by_method in stats.values()):  # bars are relative to its times
-        out.append(sweep_dir / "ttp.png")
-        plots.plot_ttt(stats, methods, reference, clock, out[-1])
+    for which, by_setting in stats.items():
+        tail = "" if which == "early" else f"_{which}"
+        if over is not None:
+            out.append(sweep_dir / f"speedup{tail}.png")
+            plots.plot_speedup(by_setting, compare, over, clock, out[-1], which)
+        if any(by_method[reference].ok for by_method in by_setting.values()):  # bars are relative to its times
+            out.append(sweep_dir / f"ttp{tail}.png")
+            plots.plot_ttt(by_setting, methods, reference, clock, out[-1], which)
     here = [r for r in rows if r["stages"] == p and r["batch_size"] == b and r["status"] == "done"]
     curves = {m: [(r["seed"], evals(sweep_dir / r["cell"])) for r in here if r["method"] == m] for m in methods}
-    target = next((r["target_ppl"] for r in here), None)
+    target = [t for w in stats if (t := next((r[PREFIX[w] + "target_ppl"] for r in here), None))]
     out.append(sweep_dir / f"curves_p{p}_b{b}.png")
     plots.plot_setting_curves(curves, target, clock,
                               f"{state['name']}: depth {p}, batch size {b}", out[-1])

@@ -1,14 +1,19 @@
-"""The results of a sweep: one row per cell (``results.csv``), and per setting and method the
-statistics over seeds that the report compares.
+"""The results of a sweep: one row per cell (``results.csv``), and per setting, target and method
+the statistics over seeds that the report compares.
 
-Statistics over the seeds of a setting and method (done runs only):
+Each target (early, late) gives two efficiencies, reported separately, as PipeDream did:
+steps-to-target (statistical efficiency: how much an update is worth) and time-to-target
+(hardware x statistical: what a user waits for). For each, over the seeds of a setting and method
+(done runs only):
 
-- time-to-target: median and spread (min-max). A run that never reached the target counts as
-  infinitely slow, so the median is "not reached" when most seeds did not reach it, and a lower
-  bound of the median replaces each unreached run's time by the time it ran for.
-- speedup of method A over method B: the ratio of medians, ``median ttt(B) / median ttt(A)``.
-  Where B never reached the target and A did, ``median lower bound ttt(B) / median ttt(A)`` is
-  a lower bound (shown ``>x``); the other way round an upper bound (``<x``).
+- median and spread (min-max). A run that never reached the target counts as not reached
+  (infinitely slow), never as dropped: the median is "not reached" when most seeds did not reach
+  it, and a lower bound of the median replaces each unreached run's time (steps) by the time
+  (steps) it ran for.
+- speedup of method A over method B: the ratio of medians, ``median(B) / median(A)``. Where B
+  never reached the target and A did, ``median lower bound(B) / median(A)`` is a lower bound
+  (shown ``>=x``); the other way round an upper bound (``<=x``). Its confidence interval is the
+  bootstrap over seeds of :mod:`.bootstrap`.
 """
 
 from __future__ import annotations
@@ -19,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
 
-from .state import cell_status, read_json
+from .state import TARGET_KEYS, cell_status, read_json
 from .target import evals, time_to_target
 
-COLUMNS = ["cell", "setting", "stages", "batch_size", "microbatches", "method", "seed", "status", "target_ppl",
-           "reached", "time_to_target_s", "step_to_target", "best_val_ppl", "final_val_ppl", "time_s", "steps",
+TARGETS = ("early", "late")
+PREFIX = {"early": "", "late": "late_"}  # a target's columns: target_ppl, late_target_ppl, ...
+PER_TARGET = ["target_ppl", "reached", "time_to_target_s", "step_to_target"]
+COLUMNS = ["cell", "setting", "stages", "batch_size", "microbatches", "method", "seed", "status",
+           *(PREFIX[t] + c for t in TARGETS for c in PER_TARGET), "best_val_ppl", "final_val_ppl", "time_s", "steps",
            "async_fraction", "switches", "clock", "profile", "error"]
 
 
@@ -37,16 +45,21 @@ def collect(sweep_dir: Path, state: dict) -> list[dict]:
                                                    c["method"], c["seed"])):
         run_dir = sweep_dir / c["name"]
         status, error = cell_status(run_dir)
-        target = state.get("targets", {}).get(c["setting"], {}).get("ppl")
         row = {"cell": c["name"], "setting": c["setting"], "stages": c["stages"], "batch_size": c["batch_size"],
                "microbatches": c["microbatches"], "method": c["method"], "seed": c["seed"], "status": status,
-               "target_ppl": target, "profile": state.get("profiles", {}).get(f"p{c['stages']}"),
-               "error": error or None}
+               "profile": state.get("profiles", {}).get(f"p{c['stages']}"), "error": error or None}
+        for t in TARGETS:
+            row[PREFIX[t] + "target_ppl"] = state.get(TARGET_KEYS[t], {}).get(c["setting"], {}).get("ppl")
         if status == "done":
             s = read_json(run_dir / "summary.json")
-            ttt, step = time_to_target(evals(run_dir), target)
-            row.update(reached=ttt is not None, time_to_target_s=ttt, step_to_target=step,
-                       best_val_ppl=s.get("best_val_ppl"), final_val_ppl=s.get("final_val_ppl"), time_s=s.get("time_s"),
+            records = evals(run_dir)
+            for t in TARGETS:
+                target = row[PREFIX[t] + "target_ppl"]
+                ttt, step = time_to_target(records, target)
+                if target is not None:
+                    row.update({PREFIX[t] + "reached": ttt is not None, PREFIX[t] + "time_to_target_s": ttt,
+                                PREFIX[t] + "step_to_target": step})
+            row.update(best_val_ppl=s.get("best_val_ppl"), final_val_ppl=s.get("final_val_ppl"), time_s=s.get("time_s"),
                        steps=s.get("steps"), async_fraction=s.get("async_fraction"), switches=s.get("switches"),
                        clock=_clock(s))
         rows.append({k: row.get(k) for k in COLUMNS})
@@ -72,48 +85,77 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 @dataclass
+class Spread:
+    """Time (or steps) to a target over the done seeds: inf for a seed that did not reach it."""
+
+    values: list[float]
+    lower: float  # the median with each unreached seed's value replaced by what it ran for
+
+    @property
+    def median(self) -> float:
+        return median(self.values) if self.values else math.nan
+
+    @property
+    def min(self) -> float:
+        return min(self.values) if self.values else math.nan
+
+    @property
+    def max(self) -> float:
+        return max(self.values) if self.values else math.nan
+
+    @property
+    def ok(self) -> bool:
+        """Reached by most seeds: the median is finite."""
+        return math.isfinite(self.median)
+
+
+@dataclass
 class MethodStats:
-    """Statistics of one method at one setting over its done seeds."""
+    """Statistics of one method at one setting, for one target, over its done seeds."""
 
     planned: int  # seeds in the grid
     runs: int  # seeds done
     reached: int
-    ttt_median: float  # inf: not reached by most seeds; nan: no run done
-    ttt_min: float
-    ttt_max: float
-    ttt_lower: float  # median with each unreached run's time replaced by its total time
+    time: Spread  # time to target (the run's clock)
+    steps: Spread  # optimizer steps to target
     best_ppl: float  # median best validation perplexity
     async_fraction: float
     switches: float
 
     @property
     def ok(self) -> bool:
-        return math.isfinite(self.ttt_median)
+        return self.time.ok
 
 
-def method_stats(rows: list[dict]) -> MethodStats:
-    done = [r for r in rows if r["status"] == "done"]
+def method_stats(rows: list[dict], target: str = "early") -> MethodStats:
+    k = PREFIX[target]
+    done = [r for r in rows if r["status"] == "done" and r[k + "target_ppl"] is not None]
+    reached = [bool(r[k + "reached"]) for r in done]
+
+    def spread(key: str, total: str) -> Spread:
+        return Spread([r[k + key] if ok else math.inf for r, ok in zip(done, reached)],
+                      median(r[k + key] if ok else r[total] for r, ok in zip(done, reached)) if done else math.nan)
+
     if not done:
         nan = math.nan
-        return MethodStats(len(rows), 0, 0, nan, nan, nan, nan, nan, nan, nan)
-    ttt = [r["time_to_target_s"] if r["reached"] else math.inf for r in done]
-    lower = [r["time_to_target_s"] if r["reached"] else r["time_s"] for r in done]
-    return MethodStats(len(rows), len(done), sum(1 for r in done if r["reached"]), median(ttt), min(ttt), max(ttt),
-                       median(lower), median(r["best_val_ppl"] for r in done),
+        return MethodStats(len(rows), 0, 0, spread("time_to_target_s", "time_s"), spread("step_to_target", "steps"),
+                           nan, nan, nan)
+    return MethodStats(len(rows), len(done), sum(reached), spread("time_to_target_s", "time_s"),
+                       spread("step_to_target", "steps"), median(r["best_val_ppl"] for r in done),
                        median(r["async_fraction"] or 0.0 for r in done), median(r["switches"] or 0 for r in done))
 
 
-def speedup(a: MethodStats, b: MethodStats) -> tuple[str, float] | None:
-    """Speedup of ``a`` over ``b``: (relation, value), relation ``=``, ``>`` or ``<``; None when
-    neither reached the target (or a method has no run)."""
-    if a.runs == 0 or b.runs == 0:
+def speedup(a: Spread, b: Spread) -> tuple[str, float] | None:
+    """Speedup of ``a`` over ``b`` (median(b) / median(a)): (relation, value), relation ``=``, ``>``
+    or ``<``; None when neither reached the target (or a method has no run)."""
+    if not a.values or not b.values:
         return None
     if a.ok and b.ok:
-        return "=", b.ttt_median / a.ttt_median
+        return "=", b.median / a.median
     if a.ok:
-        return ">", b.ttt_lower / a.ttt_median
+        return ">", b.lower / a.median
     if b.ok:
-        return "<", b.ttt_median / a.ttt_lower
+        return "<", b.median / a.lower
     return None
 
 
@@ -125,9 +167,14 @@ def settings(rows: list[dict]) -> list[tuple[int, int, int]]:
     return list(seen)
 
 
-def table(rows: list[dict], methods: list[str]) -> dict[tuple[int, int], dict[str, MethodStats]]:
-    """{(depth, batch size): {method: stats}} in grid order."""
+def table(rows: list[dict], methods: list[str], target: str = "early") -> dict[tuple[int, int], dict[str, MethodStats]]:
+    """{(depth, batch size): {method: stats to ``target``}} in grid order."""
     def runs(p: int, b: int, m: str) -> list[dict]:
         return [r for r in rows if r["stages"] == p and r["batch_size"] == b and r["method"] == m]
 
-    return {(p, b): {m: method_stats(runs(p, b, m)) for m in methods} for p, b, _ in settings(rows)}
+    return {(p, b): {m: method_stats(runs(p, b, m), target) for m in methods} for p, b, _ in settings(rows)}
+
+
+def targets_of(rows: list[dict]) -> list[str]:
+    """The targets the sweep has: early, and late when any setting has one."""
+    return [t for t in TARGETS if any(r[PREFIX[t] + "target_ppl"] is not None for r in rows)]

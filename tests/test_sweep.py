@@ -137,10 +137,10 @@ def test_results_do_not_depend_on_jobs(tmp_path, capsys):
     assert "3 cells" in err and "2 at a time" in err and "profile p2" not in err
     assert len(_lines(err, "start")) == 3 and len(_lines(err, "done")) == 3
     assert (one / "results.csv").read_text() == (two / "results.csv").read_text()
-    for cell in ("p2_b4_sync_s0", "p2_b4_async_s0", "p2_b4_adapipe_s0"):
+    for cell in (c["name"] for c in state["cells"]):
         a, b = ([{k: r[k] for k in ("step", "val_ppl", "time_s")} for r in map(json.loads, (d / cell / "metrics.jsonl")
                  .read_text().splitlines()) if r.get("kind") == "eval"] for d in (one, two))
-        assert a == b and len(a) == 3, cell
+        assert a == b and len(a) >= 2, cell  # a run stopping at its target has fewer
 
 
 def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path, capsys):

@@ -55,6 +55,7 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     assert folder.name == "step-0000008" and manifest["step"] == 8
     assert "step-0000012 is unusable" in capsys.readouterr().out
     assert main(["train", f"train.resume={d}"]) == 0
+    assert capsys.readouterr().err.count("step-0000012 is unusable") == 1  # said once
 
 
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
@@ -65,7 +66,12 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
     assert main(["train", f"train.resume={d}", "pipeline.stages=4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pipeline.stages=2 in the checkpoint, 4 now" in err[0]
+    capsys.readouterr()
     assert main(["train", f"train.resume={tmp_path / 'nothing'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing: no such directory" in err[0], err
+    assert main(["train", f"train.resume={tmp_path}"]) == 2  # a folder, but no run's
+    assert "no checkpoints in that directory" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime for p in d.rglob("*") if p.name in before} == before  # nothing touched
 
 

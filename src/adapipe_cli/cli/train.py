@@ -85,6 +85,8 @@ def _resume_overrides(overrides: list[str]) -> list[str]:
     if not given or given[-1] in ("", "null"):
         return overrides
     run_dir = Path(given[-1]).resolve()
+    if not run_dir.is_dir():
+        fail(f"train.resume={given[-1]}: no such directory: give the run directory of an earlier adapipe train")
     if not (run_dir / "checkpoints").is_dir():
         fail(f"train.resume={given[-1]}: no checkpoints in that directory (is it a run directory of adapipe train?)")
     saved_file = run_dir / ".hydra" / "overrides.yaml"
@@ -109,7 +111,8 @@ def _check_resume(cfg) -> None:
     from ..train import checkpoint, fingerprint
 
     try:
-        folder, manifest = checkpoint.load_latest(Path(cfg.train.resume), warn=lambda m: print(m, file=sys.stderr))
+        # (silent: the Trainer reports a damaged checkpoint when it resumes, once)
+        folder, manifest = checkpoint.load_latest(Path(cfg.train.resume), warn=lambda m: None)
     except checkpoint.CheckpointError as e:
         fail(str(e))
     diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True),

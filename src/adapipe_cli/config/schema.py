@@ -63,7 +63,10 @@ class PipelineConfig:
     link_latency_s: float = 0.0
     link_bandwidth: float = 0.0  # bytes per second; 0 means infinite
     timeout_s: float = 300.0
-    threads: int = 0  # torch threads per process; 0 leaves torch's default
+    # torch threads per process (0: torch's default). 1: the profiled clock times each action on one
+    # core, as a device of its own would run it; with several threads on a shared machine the
+    # profile is mostly scheduling noise (and small matrices run slower, not faster)
+    threads: int = 1
     order: str = "forward"  # local runtime interleaving of stages: forward | reverse
 
 

@@ -45,7 +45,7 @@ def _task(cfg) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     (run_dir / "error.txt").unlink(missing_ok=True)  # a rerun's directory shows only its own failure
     try:
-        summary = train(cfg, run_dir)
+        train(cfg, run_dir)
     except (ConfigError, DataError, CheckpointError) as e:
         return _job_failed(run_dir, str(e), 2)
     except (TrainingDiverged, WorkerFailed) as e:
@@ -56,11 +56,7 @@ def _task(cfg) -> None:
         if not _in_multirun():
             raise
         return _job_failed(run_dir, f"{type(e).__name__}: {e}", 1, traceback.format_exc())
-    ttt = summary["time_to_target_s"]
-    target = f", time to ppl {summary['target_ppl']:g}: {ttt:.2f}s" if ttt is not None else ""
-    print(f"final val ppl {summary['final_val_ppl']:.3f} after {summary['steps']} steps "
-          f"({summary['time_s']:.2f}s {summary['clock']} time{target})", file=sys.stderr)
-    print(f"results: {run_dir}")
+    print(f"results: {run_dir}")  # (the Trainer printed the final line)
 
 
 def _torchrun_rank(cfg) -> int | None:

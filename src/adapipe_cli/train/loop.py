@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +29,7 @@ from . import build, checkpoint, fingerprint
 from .guard import DivergenceGuard
 from .metrics import RunLog
 from .plots import plot_curves, plot_phases
-from .progress import Progress
+from .progress import Console, Progress
 
 
 @dataclass
@@ -86,6 +85,7 @@ class Trainer:
         # a resumed run continues in its own directory
         self.cfg, self.dir = cfg, Path(cfg.train.resume or run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.console = Console(self.dir)  # stderr, and the same lines in run.log
         validate(cfg)
         self.resume = self._checkpoint_to_resume()  # before anything else: a foreign checkpoint is refused
         if cfg.pipeline.threads > 0:
@@ -139,8 +139,8 @@ class Trainer:
         if h.signal != "heldout":
             raise ConfigError(f"unknown heuristic.signal={h.signal!r}: use heldout or train")
         if not isinstance(self.runtime, LocalRuntime):
-            print("adapipe: heuristic.signal=heldout needs the local runtime; the heuristic follows the training loss",
-                  file=sys.stderr)
+            self.console.say("adapipe: heuristic.signal=heldout needs the local runtime; the heuristic follows the "
+                             "training loss")
             return None
         rows = max(1, h.signal_tokens // self.cfg.model.block_size)
         x, y = self.data.val_batches(rows)[0]
@@ -214,20 +214,18 @@ class Trainer:
                       f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
-        print(first_line, file=sys.stderr)
-        with open(self.dir / "run.log", "a") as f:
-            f.write(first_line + "\n")
+        self.console.say(first_line)
         self.wall0 = time.perf_counter()
-        progress = Progress(t.max_steps, t.progress)
+        progress = Progress(t.max_steps, t.progress, self.console)
         try:
             if resume:
                 self._restore(*resume)
-                print(f"adapipe: resumed from {resume[0]} at step {self.st.steps}", file=sys.stderr)
+                self.console.say(f"adapipe: resumed from {resume[0]} at step {self.st.steps}")
             else:
                 for u in range(min(self.lag, t.max_steps)):
                     self._decide(u)
                 self._collect()
-            progress.bar.update(self.st.steps)
+            progress.start_at(self.st.steps)
             step = self.st.steps
             while step < t.max_steps:
                 res = rt.run_step(step)
@@ -265,6 +263,7 @@ class Trainer:
             rt.close()
             self.log.close()
         self._plots(self.log.records)
+        self.console.say(final_line(summary))
         return summary
 
     def wall(self) -> float:
@@ -306,6 +305,7 @@ class Trainer:
         if prev is not None and d.phase != prev:
             self.log.write({"kind": "event", "event": "switch", "step": u, "from": prev, "to": d.phase,
                             "reason": d.reason, "decided_after_step": u - self.lag, **d.info})
+            self.console.say(f"adapipe: switch {prev} -> {d.phase} at step {u} ({d.reason})")
         elif d.info:  # a verdict that kept the phase: recorded too, with its estimates
             self.log.write({"kind": "event", "event": "verdict", "step": u, "phase": d.phase, "reason": d.reason,
                             "decided_after_step": u - self.lag, **d.info})
@@ -350,8 +350,7 @@ class Trainer:
         self.log.truncate(state["trainer"]["lines"])
         self.log.write({"kind": "event", "event": "guard", "step": step, "restored_step": good + 1, "reason": reason,
                         "lost_time_s": lost, "sync_until_step": self.st.forced_until})
-        print(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}",
-              file=sys.stderr)
+        self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
         return good + 1
 
     def save_checkpoint(self) -> Path:
@@ -380,7 +379,7 @@ class Trainer:
         if not self.cfg.train.resume:
             return None
         checkpoint.clean_partial(self.dir)
-        folder, manifest = checkpoint.load_latest(self.dir, warn=lambda m: print(m, file=sys.stderr))
+        folder, manifest = checkpoint.load_latest(self.dir, warn=self.console.say)
         diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(self.cfg, resolve=True),
                                              checkpoint.free_keys(manifest))
         if diff:
@@ -454,6 +453,14 @@ class Trainer:
         clock = "wall" if self.runtime.clock_name == "wall" else f"pipeline-{self.cfg.pipeline.clock}"
         plot_curves(records, self.dir / "curves.png", self.cfg.train.target_ppl, clock, title)
         plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, clock, title)  # one span if no switch
+
+
+def final_line(summary: dict) -> str:
+    """``final val ppl 5.123 after 200 steps (12.34s pipeline time, time to ppl 6: 8.90s)``"""
+    ttt = summary["time_to_target_s"]
+    target = f", time to ppl {summary['target_ppl']:g}: {ttt:.2f}s" if ttt is not None else ""
+    return (f"final val ppl {summary['final_val_ppl']:.3f} after {summary['steps']} steps "
+            f"({summary['time_s']:.2f}s {summary['clock']} time{target})")
 
 
 def train(cfg, run_dir: Path) -> dict:

@@ -342,6 +342,53 @@ def test_offline_hub_source_asks_for_a_local_path(tmp_path, name, needs):
         build_data(text_cfg(tmp_path, name=name), SEQ, 0)
 
 
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """Empty Hugging Face caches under tmp_path, and datasets.load_dataset replaced by a recorder
+    that returns one tiny split per name."""
+    import datasets
+
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_DATASETS_CACHE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    calls = []
+
+    def load_dataset(path, name=None):
+        calls.append(path)
+        split = datasets.Dataset.from_dict({"text": ["to be or not to be, that is the question\n" * 200]})
+        return {"train": split, "validation": split, "test": split}
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    return calls
+
+
+def test_offline_without_a_cached_copy_fails_without_asking_the_hub(tmp_path, hub):
+    with pytest.raises(DataError, match="offline mode is on and it is not in the local cache.*set data.path=DIR"):
+        build_data(text_cfg(tmp_path, name="tinyshakespeare"), SEQ, 0)
+    assert hub == []  # no load_dataset, so none of its retries
+
+
+def test_offline_with_a_cached_copy_loads_it(tmp_path, hub):
+    (tmp_path / "hf" / "datasets" / "karpathy___tiny_shakespeare").mkdir(parents=True)
+    build_data(text_cfg(tmp_path, name="tinyshakespeare", vocab_size=300), SEQ, 0)
+    assert hub == ["karpathy/tiny_shakespeare"]
+
+
+def test_an_unreachable_hub_fails_at_once(tmp_path, hub, monkeypatch):
+    import socket
+
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+
+    def no_network(address, timeout=None):
+        raise OSError("Name or service not known")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(DataError, match=r"huggingface.co cannot be reached: offline\?\); set data.path=DIR"):
+        build_data(text_cfg(tmp_path, name="wikitext2"), SEQ, 0)
+    assert hub == []
+
+
 def test_bad_text_settings(tmp_path):
     train = write(tmp_path, "t.txt", "some text\n" * 100)
     with pytest.raises(DataError, match="data.vocab_size=100"):

@@ -137,9 +137,17 @@ def load_hub_splits(hf_path: str, hf_name: str | None, hint: str) -> dict[str, s
 
     Rows are joined with "" because both wikitext (one line per row) and tiny_shakespeare (one
     document per split) keep their newlines inside the rows."""
+    label = f"hf:{hf_path}" + (f"/{hf_name}" if hf_name else "")
+    if not hub_cached(hf_path):  # fail at once where the Hub cannot answer (datasets retries for ~30 s)
+        if hub_offline():
+            raise DataError(f"cannot load the Hugging Face dataset {label} (offline mode is on and it is not "
+                            f"in the local cache); set {hint}")
+        host = hub_unreachable()
+        if host:
+            raise DataError(f"cannot load the Hugging Face dataset {label} ({host} cannot be reached: offline?); "
+                            f"set {hint}")
     import datasets  # slow to import; only needed on this path
 
-    label = f"hf:{hf_path}" + (f"/{hf_name}" if hf_name else "")
     try:
         dd = datasets.load_dataset(hf_path, hf_name)
     except Exception as e:  # network, offline mode, unknown dataset: all mean "use a local copy"
@@ -156,6 +164,30 @@ def hub_offline() -> bool:
     """HF_DATASETS_OFFLINE or HF_HUB_OFFLINE set to a true value, as the HF libraries read them."""
     flags = (os.environ.get(k, "").upper() for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
     return any(f in ("1", "ON", "YES", "TRUE") for f in flags)
+
+
+def hub_cached(hf_path: str) -> bool:
+    """Whether a copy of Hub dataset ``hf_path`` may be in the local caches (the datasets cache's
+    ``org___name`` or the Hub cache's ``datasets--org--name``), which load in offline mode too."""
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or home / "datasets")
+    hub_cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE") or home / "hub")
+    return (datasets_cache / hf_path.replace("/", "___")).exists() or \
+        (hub_cache / f"datasets--{hf_path.replace('/', '--')}").exists()
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """The Hub's host when it cannot be reached within ``timeout_s`` (no network, no DNS), else None."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return host
+    return None
 
 
 def first_line(e: Exception) -> str:

@@ -75,6 +75,18 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime for p in d.rglob("*") if p.name in before} == before  # nothing touched
 
 
+def test_more_steps_than_the_run_started_with_are_refused_saying_how(tmp_path, capsys):
+    d = tmp_path / "run"
+    assert run(d, "pipeline.stages=2", "train.max_steps=6", "train.save_final=true") == 0
+    capsys.readouterr()
+    before = {p: p.stat().st_mtime for p in d.rglob("*")}
+    assert main(["train", f"train.resume={d}", "train.max_steps=12"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "train.max_steps=6 in the checkpoint, 12 now" in err[0], err
+    assert "start a new run with train.max_steps=12, or resume with train.max_steps=6" in err[0]
+    assert {p: p.stat().st_mtime for p in d.rglob("*")} == before
+
+
 def test_final_state_only(tmp_path):
     d = tmp_path / "run"
     assert run(d, "train.max_steps=7", "train.checkpoint_every=0", "train.save_final=true") == 0

@@ -113,6 +113,11 @@ def _check_resume(cfg) -> None:
         fail(str(e))
     diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True),
                                          checkpoint.free_keys(manifest))
+    if len(diff) == 1 and diff[0].startswith("train.max_steps="):
+        fail(f"checkpoint {folder}: {diff[0]}: a run continues only up to the train.max_steps it started with (its "
+             f"learning-rate schedule and phase plan span them and its pipeline drains at the last step): to train "
+             f"for {cfg.train.max_steps} steps start a new run with train.max_steps={cfg.train.max_steps}, or resume "
+             f"with train.max_steps={manifest['config']['train']['max_steps']}")
     if diff:
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
         fail(f"checkpoint {folder} belongs to another configuration: {diff[0]}{more}")

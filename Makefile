@@ -39,8 +39,11 @@ bench: install
 reproduce-smoke: install
 	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=smoke $(ARGS)
 
+# the two grids (AdamW, then Muon), each about 3 hours on 2 cores; the second runs even if a cell
+# of the first failed, and make fails if either did
 reproduce: install
-	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=cpu $(ARGS)
+	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=cpu-adamw $(ARGS); status=$$?; \
+	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=cpu-muon $(ARGS) && exit $$status
 
 clean:
 	rm -rf build dist src/*.egg-info .pytest_cache $(VENV)

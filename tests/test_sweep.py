@@ -21,7 +21,8 @@ from adapipe_cli.sweep.results import COLUMNS
 from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
-GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3)}  # depths, batches, methods, seeds
+GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
+         "cpu-adamw": (2, 2, 3, 3), "cpu-muon": (2, 2, 3, 5)}
 
 
 @pytest.mark.parametrize("name", list(GRIDS))
@@ -41,8 +42,13 @@ def test_shipped_grids_compose_into_their_cells(name):
         validate(cfg)
         assert (cfg.pipeline.stages, cfg.train.batch_size, cfg.seed) == (cell.stages, cell.batch_size, cell.seed)
     assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == "goodput"
-    if name == "cpu":
+    if name.startswith("cpu"):
         assert cfg.model.n_layer >= 8 and cfg.data.path.endswith(os.path.join("shared", "data", "tinyshakespeare"))
+    if name in ("cpu-adamw", "cpu-muon"):  # the two grids of make reproduce: two targets, one optimizer each
+        assert cfg.optim.name == name.split("-")[1] and cfg.train.stop_at_target
+        assert grid.cfg.target.budget == 300 and grid.cfg.late_target.rule == "sync_best"
+        sync = compose_config(grid.overrides(next(c for c in cells if c.method == "sync")))
+        assert cfg.train.max_steps == 2 * sync.train.max_steps and sync.schedule.name == "1f1b"
     if name == "gpu":
         assert cfg.pipeline.runtime == "dist" and cfg.model.name == "gpt2-small" and not grid.cfg.profile
 
@@ -65,7 +71,7 @@ def test_grid_overrides_and_checks(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["sweep", "sweep=nope"], "unknown sweep 'nope': choose one of cpu, gpu, smoke"),
+    (["sweep", "sweep=nope"], "unknown sweep 'nope': choose one of cpu, cpu-adamw, cpu-muon, gpu, smoke"),
     (["sweep"], "adapipe sweep sweep=NAME"),
     (["sweep", "sweep=smoke", "pipeline.stages=2"], "use sweep.stages"),
     (["sweep", "sweep=smoke", "sweep.stagez=[2]"], "unknown config key 'sweep.stagez'"),

@@ -12,10 +12,10 @@ from .errors import fail, hydra_message
 
 HELP = """usage: adapipe sweep sweep=NAME [sweep.KEY=VALUE ...] [overrides]
 
-Runs every cell (depth x batch size x method x seed) of conf/sweep/NAME.yaml as jobs of
+Runs every cell (depth x batch size x method x seed) of conf/sweep/NAME.yaml as a job of
 `adapipe train -m` in SWEEP_DIR (sweep.dir, default outputs/sweeps/NAME), one directory per cell,
-then writes results.csv, results.md and plots there (adapipe report SWEEP_DIR). Rerunning resumes:
-done cells are skipped.
+sweep.jobs cells at a time (default: the number of cores), then writes results.csv, results.md and
+plots there (adapipe report SWEEP_DIR). Rerunning resumes: done cells are skipped.
 
 grids: {grids}
 grid keys: {keys}

@@ -67,7 +67,7 @@ class SweepRunner:
     def __init__(self, grid: Grid):
         self.grid = grid
         self.state = SweepState(grid)
-        self.cells = grid.cells(only=True)  # the cells this sweep runs
+        self.total = 0  # the cells this sweep runs or skips
         self.start = time.time()
         self.seen = 0  # cells skipped or started so far
         self.failed: dict[str, str] = {}  # cell -> reason
@@ -76,11 +76,6 @@ class SweepRunner:
     def run(self) -> dict[str, str]:
         """Run every cell that is not done; returns the failed cells and their reasons."""
         g = self.grid
-        jobs = min(g.jobs, max(1, len(self.cells)))
-        print(f"adapipe sweep {g.name}: {len(self.cells)} cells into {g.dir}, {jobs} at a time",
-              file=sys.stderr, flush=True)
-        for p in g.cfg.stages:  # before any cell runs: a profile measured beside a running cell would be slower
-            self.profiles[p] = self.profile(p) if g.cfg.profile else None
         queue: list[Cell] = []
         self.waiting: dict[str, list[Cell]] = {}  # setting -> its cells that wait for its targets
         self.pending: dict[str, set[str]] = {}  # setting -> its baseline cells not ended yet
@@ -93,6 +88,13 @@ class SweepRunner:
                 else:
                     queue += others
         queue.sort(key=lambda c: c.method != g.baseline)  # baselines first (stable): they unlock the rest
+        # the cells this sweep runs or skips: sweep.only's, and the baseline's that a target needs
+        self.total = len(queue) + sum(map(len, self.waiting.values()))
+        jobs = min(g.jobs, max(1, self.total))
+        print(f"adapipe sweep {g.name}: {self.total} cells into {g.dir}, {jobs} at a time",
+              file=sys.stderr, flush=True)
+        for p in g.cfg.stages:  # before any cell runs: a profile measured beside a running cell would be slower
+            self.profiles[p] = self.profile(p) if g.cfg.profile else None
         ex = InlineExecutor() if jobs == 1 else ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"))
         try:
             self._drain(ex, queue, jobs)
@@ -126,14 +128,14 @@ class SweepRunner:
                 c = queue.pop(0)
                 if self.state.status(c)[0] == "done":
                     self.seen += 1
-                    cell_line(self.seen, len(self.cells), self.start, "skip", c.name, "(done)")
+                    cell_line(self.seen, self.total, self.start, "skip", c.name, "(done)")
                     queue += self.ended(c)
                     continue
                 target = self.cell_target(c)
                 if target is False:
                     continue
                 self.seen += 1
-                cell_line(self.seen, len(self.cells), self.start, "start", c.name)
+                cell_line(self.seen, self.total, self.start, "start", c.name)
                 running[ex.submit(run_cell, self.overrides(c, target))] = (c, self.seen, time.time())
             if not running:
                 continue
@@ -149,7 +151,7 @@ class SweepRunner:
                 if code == 130:  # a run was interrupted: stop the sweep, not only that run
                     raise KeyboardInterrupt
                 status, reason = self.state.status(c)
-                cell_result(index, len(self.cells), self.start, self.grid.dir / c.name, time.time() - t0)
+                cell_result(index, self.total, self.start, self.grid.dir / c.name, time.time() - t0)
                 if status != "done":
                     self.failed[c.name] = reason or status
                 queue += self.ended(c)
@@ -164,7 +166,7 @@ class SweepRunner:
         if None in targets:
             self.seen += 1
             self.failed[c.name] = f"no target: no {self.grid.baseline} run of {c.setting} completed"
-            cell_line(self.seen, len(self.cells), self.start, "failed", c.name, self.failed[c.name])
+            cell_line(self.seen, self.total, self.start, "failed", c.name, self.failed[c.name])
             return False
         return min(targets)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from adapipe_cli.cli.main import main
 from conftest import TINY
@@ -47,3 +48,82 @@ def test_a_fitting_profile_is_used_and_threads_do_not_matter(tmp_path):
                      f"hydra.run.dir={run}"]) == 0
         assert json.loads((run / "profile.json").read_text())["forward"] == [1e-3, 1e-3]
 
+
+class FakeClock:
+    """A timer whose time moves only when the fake work says: ``work(name)`` returns a callable that
+    advances it by the next of ``durations[name]`` (the first one is the warm-up call)."""
+
+    def __init__(self, durations: dict):
+        self.t, self.left = 0.0, {k: list(v) for k, v in durations.items()}
+
+    def __call__(self) -> float:
+        return self.t
+
+    def work(self, name):
+        def run(*_):
+            self.t += self.left[name].pop(0)
+        return run
+
+
+def test_interleaved_timing_keeps_the_minimum_and_the_passes_spread():
+    from adapipe_cli.runtime.profile import Work, time_interleaved
+
+    # warm-up, then 2 passes x 3 rounds; B's second pass is slowed throughout, U has one slow round
+    durations = {"F": [9, 4, 3, 5, 3, 4, 6], "B": [9, 8, 6, 7, 12, 13, 12], "U": [9, 2, 40, 2, 2, 2, 2]}
+    clock = FakeClock(durations)
+    built = []  # the backward's setup runs before each of its calls, off the clock
+    work = {"F": clock.work("F"), "B": Work(clock.work("B"), setup=lambda: built.append(clock.t)), "U": clock.work("U")}
+    t = time_interleaved(work, rounds=3, passes=2, timer=clock)
+    assert t["F"] == (3, 0.0)  # min over every round; both passes' minima are 3
+    assert t["B"] == (6, 12 / 6 - 1)  # pass minima 6 and 12
+    assert t["U"] == (2, 0.0)  # one slow round changes nothing
+    assert len(built) == 7 and all(not v for v in clock.left.values())  # every duration consumed, in order
+
+
+def _scripted_timer(durations):
+    """A timer for measure_profile: the i-th timed call lasts durations(i) seconds (warm-up calls
+    are timed too: the first 3p calls)."""
+    state = {"i": 0, "t": 0.0, "start": True}
+
+    def timer():
+        if state["start"]:
+            state["start"] = False
+            return state["t"]
+        state["t"] += durations(state["i"])
+        state["i"] += 1
+        state["start"] = True
+        return state["t"]
+    return timer
+
+
+@pytest.mark.parametrize("inflate", ["one round", "a whole pass"])
+def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, make_cfg):
+    from adapipe_cli.runtime.profile import measure_profile
+    from adapipe_cli.train import build
+    from adapipe_cli.train.optim import StageOptimizer
+
+    cfg = make_cfg("pipeline.stages=2")
+    stages, _ = build.make_stages(cfg, build.model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    p, rounds, per = 2, 3, 6  # per round: stage 0's F, B, U, then stage 1's
+    base = {0: 1e-3, 1: 2e-3, 2: 5e-4}  # F, B, U
+
+    def durations(i):
+        kind, stage = (i % per) % 3, (i % per) // 3
+        r = i // per - 1  # -1: the warm-up
+        slow = stage == 1 and kind == 2 and (r == 4 if inflate == "one round" else r >= rounds)
+        return base[kind] * (40 if slow else 1)
+
+    lines = []
+    prof = measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, x, reps=rounds,
+                           timer=_scripted_timer(durations), warn=lines.append)
+    approx = pytest.approx
+    assert prof.forward == approx([1e-3] * p) and prof.backward == approx([2e-3] * p)  # the minima
+    assert prof.update == approx([5e-4] * p)
+    if inflate == "one round":
+        assert lines == [] and prof.meta["spread"]["update"] == approx([0.0, 0.0], abs=1e-3)
+    else:
+        assert prof.meta["spread"]["update"] == approx([0.0, 39.0], abs=1e-3)
+        assert prof.meta["spread"]["forward"] == approx([0.0, 0.0], abs=1e-3)
+        assert len(lines) == 1 and "stage 1's update took 40.0x" in lines[0]
+        assert "pipeline.threads=1" in lines[0] and "adapipe profile" in lines[0] and "pipeline.profile=FILE" in lines[0]

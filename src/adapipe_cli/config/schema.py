@@ -58,7 +58,7 @@ class PipelineConfig:
     devices: List[str] = field(default_factory=list)
     clock: str = "profiled"  # profiled | measured
     profile: Optional[str] = None  # a saved cost profile (profile.json) to reuse
-    profile_reps: int = 5
+    profile_reps: int = 5  # interleaved rounds per measuring pass (two passes; the minimum is kept)
     partition: str = "flops"  # flops | params | uniform
     link_latency_s: float = 0.0
     link_bandwidth: float = 0.0  # bytes per second; 0 means infinite

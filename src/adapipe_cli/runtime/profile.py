@@ -1,16 +1,24 @@
 """Measuring the cost profile that the pipeline clock uses (``pipeline.clock=profiled``).
 
 Each stage's forward, backward (one microbatch) and update are timed on copies of the stage and
-its optimizer, so measuring changes neither the weights nor the random state of the run; the
-median of ``reps`` repetitions after one warm-up is kept.
+its optimizer, so measuring changes neither the weights nor the random state of the run.
+
+Other work on the machine can only slow a measurement down, and it comes and goes, so the kinds of
+work are interleaved (every round times each stage's F, B and U once, in turn: a busy spell slows
+all kinds alike instead of one) and the time kept is the minimum over rounds, the quiet value.
+The rounds run in two passes over the stages; where a stage's minima of the two passes disagree
+by more than :data:`SPREAD_LIMIT` (spread = max/min - 1), the load lasted through a whole pass and
+the profile cannot be trusted: one warning line says so. The spreads are stored in the profile's
+``meta["spread"]``.
 """
 
 from __future__ import annotations
 
 import copy
-import statistics
+import sys
 import time
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import torch
 
@@ -18,19 +26,54 @@ from ..model import GPTStage, lm_loss
 from ..simulator.clock import CostProfile
 from ..train.optim import StageOptimizer
 
-
-def _median_time(fn, reps: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+PASSES = 2
+SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
+SPREAD_FLOOR_S = 2e-4  # ... and by at least this many seconds (timer noise on microsecond work)
+KINDS = ("forward", "backward", "update")
 
 
-def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor, targets: torch.Tensor, reps: int) -> tuple[float, float, float, float]:
-    """(forward s, backward s, update s, activation bytes) of one stage on one microbatch."""
+@dataclass
+class Work:
+    """One kind of work to time. ``run`` is timed; ``setup``, when given, runs untimed before each
+    call and its result is ``run``'s argument (a backward needs a graph built just before it)."""
+
+    run: Callable
+    setup: Callable | None = None
+
+    def __call__(self, timer: Callable[[], float]) -> float:
+        arg = self.setup() if self.setup is not None else None
+        t0 = timer()
+        self.run(arg) if self.setup is not None else self.run()
+        return timer() - t0
+
+
+def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes: int = PASSES,
+                     timer: Callable[[], float] = time.perf_counter) -> dict[Hashable, tuple[float, float]]:
+    """Per name: (min seconds, spread). After one untimed warm-up call of each, ``passes`` x
+    ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
+    U, ...). With t[p][r] the time of round r of pass p:
+
+        time = min_{p,r} t[p][r],    spread = max_p m_p / min_p m_p - 1,  m_p = min_r t[p][r]
+
+    ``work`` values are zero-argument callables or :class:`Work` (with an untimed setup)."""
+    items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
+    for w in items.values():
+        w(timer)  # warm-up: allocator, caches, lazy initialisation
+    minima = {name: [] for name in items}
+    for _ in range(passes):
+        best = {name: float("inf") for name in items}
+        for _ in range(max(1, rounds)):
+            for name, w in items.items():
+                best[name] = min(best[name], w(timer))
+        for name in items:
+            minima[name].append(best[name])
+    return {name: (min(m), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0) for name, m in minima.items()}
+
+
+def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
+               targets: torch.Tensor) -> tuple[dict[str, Work], float]:
+    """The forward, backward and update of a copy of ``stage`` on one microbatch, as :class:`Work`
+    for :func:`time_interleaved`, and the bytes of one microbatch's activation."""
     st = copy.deepcopy(stage)
     opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())
@@ -41,36 +84,71 @@ def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimiz
         out = st(x)
         return lm_loss(out, targets) if st.last else out
 
-    out = fwd()
-    grad = None if st.last else torch.randn_like(out)
+    grad = None if st.last else torch.randn_like(fwd())
     inputs = params if st.first else [x, *params]
-    f = _median_time(fwd, reps)
-    # the backward alone: each repetition differentiates a graph built (untimed) just before
-    times = []
-    for _ in range(reps + 1):
-        y = fwd()
-        t0 = time.perf_counter()
-        torch.autograd.grad(y, inputs, grad, allow_unused=True)
-        times.append(time.perf_counter() - t0)
-    bwd = statistics.median(times[1:])
-    for p in params:
-        p.grad = torch.zeros_like(p)
 
-    def upd():
+    def zero_grads():
         for p in params:
             p.grad = torch.zeros_like(p)
-        opt.step(1.0)
 
-    u = _median_time(upd, reps)
-    act_bytes = float(rows * seq * st.cfg.d_model * 4)
-    return f, bwd, u, act_bytes
+    work = {
+        "forward": Work(fwd),
+        # the backward alone: each call differentiates a graph built (untimed) just before
+        "backward": Work(lambda y: torch.autograd.grad(y, inputs, grad, allow_unused=True), setup=fwd),
+        "update": Work(lambda _: opt.step(1.0), setup=zero_grads),
+    }
+    return work, float(rows * seq * st.cfg.d_model * 4)
 
 
-def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor, targets: torch.Tensor, reps: int = 5, meta: dict | None = None) -> CostProfile:
-    """The cost profile of a pipeline: each stage measured on one microbatch."""
+def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
+                  targets: torch.Tensor, reps: int,
+                  timer: Callable[[], float] = time.perf_counter) -> tuple[float, float, float, float, dict]:
+    """(forward s, backward s, update s, activation bytes, {kind: spread}) of one stage on one
+    microbatch, by :func:`time_interleaved` over ``reps`` rounds per pass."""
+    work, act_bytes = stage_work(stage, make_optimizer, tokens, targets)
+    t = time_interleaved(work, reps, timer=timer)
+    return t["forward"][0], t["backward"][0], t["update"][0], act_bytes, {k: t[k][1] for k in work}
+
+
+def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]]) -> str | None:
+    """One warning line naming the stage and kind of work whose two passes disagree most, when that
+    spread exceeds :data:`SPREAD_LIMIT` (and :data:`SPREAD_FLOOR_S` in seconds); else None."""
+    worst = max(((s, kind) for kind in spread for s in range(len(spread[kind]))),
+                key=lambda sk: spread[sk[1]][sk[0]], default=None)
+    if worst is None:
+        return None
+    s, kind = worst
+    value = spread[kind][s]
+    if value <= SPREAD_LIMIT or value * times[kind][s] <= SPREAD_FLOOR_S:
+        return None
+    return (f"adapipe: warning: unsteady cost profile: stage {s}'s {kind} took {1 + value:.1f}x as long in one "
+            f"measuring pass as in the other (other work on this machine?), so the pipeline clock may be wrong; "
+            f"for a quiet measurement use pipeline.threads=1 on an idle machine, or measure once with "
+            f"`adapipe profile` and reuse it with pipeline.profile=FILE")
+
+
+def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
+                    targets: torch.Tensor, reps: int = 5, meta: dict | None = None,
+                    timer: Callable[[], float] = time.perf_counter,
+                    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> CostProfile:
+    """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
+    sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
+    an unsteady measurement is reported with ``warn`` (:func:`unsteady`)."""
     state = torch.random.get_rng_state()
     try:
-        rows = [measure_stage(s, make_optimizer, tokens, targets, reps) for s in stages]
+        work, act_bytes = {}, 0.0
+        for s, stage in enumerate(stages):
+            w, b = stage_work(stage, make_optimizer, tokens, targets)
+            work.update({(s, kind): w[kind] for kind in KINDS})
+            act_bytes = act_bytes or b
+        t = time_interleaved(work, reps, timer=timer)
     finally:
         torch.random.set_rng_state(state)
-    return CostProfile([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows], rows[0][3], meta or {})
+    times = {kind: [t[(s, kind)][0] for s in range(len(stages))] for kind in KINDS}
+    spread = {kind: [round(t[(s, kind)][1], 4) for s in range(len(stages))] for kind in KINDS}
+    line = unsteady(spread, times)
+    if line:
+        warn(line)
+    meta = {**(meta or {}), "method": f"min over {PASSES} passes x {max(1, reps)} interleaved rounds",
+            "spread": spread}
+    return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta)

@@ -127,3 +127,51 @@ def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, ma
         assert prof.meta["spread"]["forward"] == approx([0.0, 0.0], abs=1e-3)
         assert len(lines) == 1 and "stage 1's update took 40.0x" in lines[0]
         assert "pipeline.threads=1" in lines[0] and "adapipe profile" in lines[0] and "pipeline.profile=FILE" in lines[0]
+
+
+def test_adapipe_profile_writes_a_profile_that_runs_share(tmp_path, capsys):
+    from adapipe_cli.simulator.clock import CostProfile
+
+    out = tmp_path / "shared" / "profile.json"
+    assert main(["profile", *TINY, "pipeline.stages=2", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    assert cap.out.strip() == str(out) and f"pipeline.profile={out}" in cap.err
+    prof = CostProfile.load(out)
+    assert prof.stages == 2 and all(t > 0 for t in prof.forward + prof.backward + prof.update)
+    assert {k: prof.meta[k] for k in ("model", "stages", "microbatch_size", "seq_len")} == \
+        {"model": "gpt-nano", "stages": 2, "microbatch_size": 4, "seq_len": 16}
+    assert set(prof.meta["spread"]) == {"forward", "backward", "update"}
+    for seed in (0, 1):  # two runs on the one clock: the file's numbers, not their own
+        run = tmp_path / f"run{seed}"
+        assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=2", f"seed={seed}",
+                     f"pipeline.profile={out}", f"hydra.run.dir={run}"]) == 0
+        assert CostProfile.load(run / "profile.json").forward == prof.forward
+    capsys.readouterr()
+    assert main(["train", *TINY, "pipeline.stages=2", "model.d_model=64", f"pipeline.profile={out}",
+                 f"hydra.run.dir={tmp_path / 'other'}"]) == 2  # another model: refused
+    assert "model.d_model: 32 in the profile, 64 in this run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["pipeline.stages=0"], "pipeline.stages"),
+    (["--out"], "--out needs a file name"),
+    (["pipeline.stagez=2"], "unknown config key 'pipeline.stagez'"),
+])
+def test_adapipe_profile_bad_input_is_one_line(args, message, capsys):
+    assert main(["profile", *TINY, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_sweep_uses_a_profile_put_in_place_by_adapipe_profile(tmp_path, capsys):
+    from adapipe_cli.simulator.clock import CostProfile
+    from test_sweep import TINY_GRID
+
+    out = tmp_path / "sw"
+    shape = [a for a in TINY_GRID if a.startswith(("model.", "data.vocab_size"))]
+    placed = out / "profiles" / "p2_mb2.json"  # the depth's profile where the sweep keeps it
+    assert main(["profile", *shape, "pipeline.stages=2", "pipeline.microbatches=1", "train.batch_size=2",
+                 "pipeline.threads=1", "--out", str(placed)]) == 0
+    assert main(["sweep", *TINY_GRID, "sweep.only=[sync]", f"sweep.dir={out}"]) == 0
+    assert f"profile p2: {placed} (there already)" in capsys.readouterr().err
+    assert CostProfile.load(out / "p2_b4_sync_s0" / "profile.json").forward == CostProfile.load(placed).forward

@@ -2,6 +2,7 @@
 
     adapipe train [overrides]      one experiment (Hydra; -m for a multirun)
     adapipe simulate [overrides]   time a schedule with the discrete-event simulator
+    adapipe profile [overrides]    measure a run's cost profile for runs and sweeps to share
     adapipe sweep sweep=NAME       a grid of experiments and its report
     adapipe report SWEEP_DIR       tables and plots of a finished or partial sweep
 """
@@ -15,6 +16,7 @@ from .errors import fail
 COMMANDS = {
     "train": "run one experiment: adapipe train [key=value ...] (see adapipe train --help)",
     "simulate": "time a schedule's action lists: adapipe simulate schedule=1f1b pipeline.stages=4 ...",
+    "profile": "measure a run's cost profile: adapipe profile [key=value ...] [--out FILE]",
     "sweep": "run a grid of experiments: adapipe sweep sweep=smoke [key=value ...]",
     "report": "tables and plots of a sweep: adapipe report SWEEP_DIR",
 }
@@ -51,6 +53,10 @@ def _dispatch(argv: list[str]) -> int:
         from .simulate import simulate_command
 
         return simulate_command(rest)
+    if cmd == "profile":
+        from .profile import profile_command
+
+        return profile_command(rest)
     if cmd == "sweep":
         from .sweep import sweep_command
 

@@ -205,13 +205,19 @@ class SweepRunner:
         return int(OmegaConf.load(self.grid.dir / cell.name / ".hydra" / "config.yaml").train.max_steps)
 
     def profile(self, stages: int) -> Path:
-        """The depth's cost profile: recorded in sweep.json, or measured now."""
+        """The depth's cost profile: recorded in sweep.json, put in place before the sweep (by
+        ``adapipe profile --out SWEEP_DIR/profiles/pP_mbB.json``; every run checks that it fits), or
+        measured now."""
         path = self.state.profile(stages)
         if path is None:
             mbs = self.grid.cfg.microbatch_size
+            path = self.grid.dir / "profiles" / f"p{stages}_mb{mbs}.json"
+            if path.is_file():
+                print(f"profile p{stages}: {path} (there already)", file=sys.stderr, flush=True)
+                self.state.set_profile(stages, path)
+                return path
             first = next(c for c in self.grid.cells() if c.stages == stages)
             cfg = compose_config(self.grid.overrides(Cell(stages, 1, mbs, first.method, first.seed)))
-            path = self.grid.dir / "profiles" / f"p{stages}_mb{mbs}.json"
             t0 = time.time()
             prof = measure_depth_profile(cfg, path)
             step = sum(prof.forward) + sum(prof.backward)

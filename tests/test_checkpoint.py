@@ -199,3 +199,11 @@ def test_resume_refuses_another_thread_count(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", f"train.resume={d}", "pipeline.threads=2"]) == 2
     assert "pipeline.threads=1 in the checkpoint, 2 now" in capsys.readouterr().err
+
+
+def test_paths_are_free_only_where_the_checkpoint_has_fingerprints():
+    """An older checkpoint, without fingerprints, cannot tell a moved file from a changed one."""
+    saved, now = {"data": {"train": "/a/train.txt"}}, {"data": {"train": "/b/train.txt"}}
+    old = checkpoint.config_differences(saved, now, checkpoint.free_keys({}))
+    assert old == ["data.train='/a/train.txt' in the checkpoint, '/b/train.txt' now"]
+    assert checkpoint.config_differences(saved, now, checkpoint.free_keys({"fingerprints": {"train data": "x"}})) == []

@@ -96,7 +96,7 @@ def _scripted_timer(durations):
     return timer
 
 
-@pytest.mark.parametrize("inflate", ["one round", "a whole pass"])
+@pytest.mark.parametrize("inflate", ["one round", "a whole pass", "the pass of a 1-round profile"])
 def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, make_cfg):
     from adapipe_cli.runtime.profile import measure_profile
     from adapipe_cli.train import build
@@ -105,8 +105,9 @@ def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, ma
     cfg = make_cfg("pipeline.stages=2")
     stages, _ = build.make_stages(cfg, build.model_config(cfg, 64))
     x = torch.randint(0, 64, (2, 16))
-    p, rounds, per = 2, 3, 6  # per round: stage 0's F, B, U, then stage 1's
-    base = {0: 1e-3, 1: 2e-3, 2: 5e-4}  # F, B, U
+    p, per = 2, 6  # per round: stage 0's F, B, U, then stage 1's
+    rounds = 1 if "1-round" in inflate else 3
+    base = {0: 1e-3, 1: 2e-3, 2: 5e-4}  # F, B, U (the update slowed 40x: 19.5 ms more)
 
     def durations(i):
         kind, stage = (i % per) % 3, (i % per) // 3
@@ -122,6 +123,8 @@ def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, ma
     assert prof.update == approx([5e-4] * p)
     if inflate == "one round":
         assert lines == [] and prof.meta["spread"]["update"] == approx([0.0, 0.0], abs=1e-3)
+    elif rounds == 1:  # no quiet minimum to compare with: recorded, not warned about
+        assert lines == [] and prof.meta["spread"]["update"] == approx([0.0, 39.0], abs=1e-3)
     else:
         assert prof.meta["spread"]["update"] == approx([0.0, 39.0], abs=1e-3)
         assert prof.meta["spread"]["forward"] == approx([0.0, 0.0], abs=1e-3)

@@ -104,12 +104,17 @@ def _lines(err: str, verb: str) -> list[str]:
 
 def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     out = tmp_path / "sw"
-    assert main(["sweep", *TINY_GRID, f"sweep.dir={out}"]) == 0
+    late = "sweep.late_target.rule=sync_best"
+    assert main(["sweep", *TINY_GRID, late, f"sweep.dir={out}"]) == 0
     err = capsys.readouterr().err
     assert len(_lines(err, "done")) == 3
     state = json.loads((out / "sweep.json").read_text())
-    target = state["targets"]["p2_b4"]
+    target, best = state["targets"]["p2_b4"], state["late_targets"]["p2_b4"]
     assert target["rule"] == "sync_fraction" and target["ppl"] == target["from"]["p2_b4_sync_s0"]
+    sync_evals = [json.loads(r) for r in (out / "p2_b4_sync_s0" / "metrics.jsonl").read_text().splitlines()]
+    assert best["ppl"] == min(r["val_ppl"] for r in sync_evals if r.get("kind") == "eval") <= target["ppl"]
+    # the others stop at the lower of the two targets, having passed both
+    assert f"train.target_ppl={best['ppl']!r}" in (out / "p2_b4_pipedream+predict_s0" / ".hydra" / "overrides.yaml").read_text()
     assert state["profiles"]["p2"].endswith("p2_mb2.json")
     overrides = (out / "p2_b4_adapipe+predict_s0" / ".hydra" / "overrides.yaml").read_text()
     assert f"pipeline.profile={state['profiles']['p2']}" in overrides and "train.target_ppl=" in overrides
@@ -117,7 +122,7 @@ def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     for f in (out / "p2_b4_pipedream+predict_s0").iterdir():
         if f.is_file():
             f.unlink()
-    assert main(["sweep", *TINY_GRID, f"sweep.dir={out}"]) == 0
+    assert main(["sweep", *TINY_GRID, late, f"sweep.dir={out}"]) == 0
     err = capsys.readouterr().err
     assert [line.split()[-1] for line in _lines(err, "start")] == ["p2_b4_pipedream+predict_s0"]
     assert len(_lines(err, "skip")) == 2 and "profile p2" not in err and "target p2" not in err

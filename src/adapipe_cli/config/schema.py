@@ -227,7 +227,7 @@ def register_simulate_config() -> None:
 class SweepTarget:
     """The perplexity whose time-to-reach a sweep compares, decided before the methods run."""
 
-    rule: str = "sync_fraction"  # fixed | sync_fraction | sync_best
+    rule: str = "sync_fraction"  # fixed | sync_fraction | sync_best (| none: sweep.late_target only)
     ppl: Optional[float] = None  # fixed: the target
     # sync_fraction: the median over seeds of the validation perplexity the baseline method has
     # reached at this fraction of a step budget, per (depth, batch size); budget null: its train.max_steps
@@ -252,7 +252,8 @@ class SweepConfig:
     seeds: List[int] = field(default_factory=lambda: [0])
     fixed: List[str] = field(default_factory=list)  # overrides every cell gets (model, data, steps...)
     target: SweepTarget = field(default_factory=SweepTarget)  # the early target
-    late_target: Optional[SweepTarget] = None  # a second, late target (e.g. rule=sync_best), reported beside it
+    # a second, late target reported beside the first, e.g. sweep.late_target.rule=sync_best (none: no late target)
+    late_target: SweepTarget = field(default_factory=lambda: SweepTarget(rule="none"))
     jobs: Optional[int] = None  # cells run at once, each in its own process (null: the number of cores)
     compare: str = "adapipe"  # the method whose speedups over the others the report gives
     profile: bool = True  # measure one cost profile per depth and give it to every cell (local runtime)

@@ -117,9 +117,9 @@ class Grid:
 
     @property
     def targets(self) -> dict:
-        """{``early``: sweep.target, ``late``: sweep.late_target when the grid has one}."""
+        """{``early``: sweep.target, ``late``: sweep.late_target unless its rule is ``none``}."""
         out = {"early": self.cfg.target}
-        if self.cfg.late_target is not None:
+        if self.cfg.late_target.rule != "none":
             out["late"] = self.cfg.late_target
         return out
 
@@ -163,7 +163,7 @@ class Grid:
         definition would mix incomparable runs."""
         out = {"fixed": self.fixed, "methods": self.methods, "microbatch_size": self.cfg.microbatch_size,
                "target": OmegaConf.to_container(self.cfg.target), "profile": self.cfg.profile}
-        if self.cfg.late_target is not None:  # absent otherwise: sweeps from before it existed resume
+        if "late" in self.targets:  # absent otherwise: sweeps from before it existed resume
             out["late_target"] = OmegaConf.to_container(self.cfg.late_target)
         return out
 

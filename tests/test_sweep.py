@@ -310,3 +310,5 @@ def test_smoke_sweep_end_to_end(tmp_path):
     assert len(rows) == 12 and list(rows[0]) == COLUMNS and {r["status"] for r in rows} == {"done"}
     for name in ("results.md", "speedup.png", "ttp.png", "curves_p4_b2.png"):
         assert (out / name).is_file(), name
+    assert "No interval, so not known to be outside the noise (fewer than two seeds done): p2_b2" in \
+        (out / "results.md").read_text()  # one seed: no bootstrap interval, and the report says so

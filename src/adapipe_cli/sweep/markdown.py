@@ -109,6 +109,7 @@ def _target_section(state: dict, rows: list[dict], which: str, table: dict) -> l
             f"{compare} async time", f"{compare} switches"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     noise: dict[str, list[str]] = {"time": [], "steps": []}
+    unsure: set[str] = set()  # speedups without an interval: fewer than two seeds done
     for (p, b), by_method in table.items():
         m = next(r["microbatches"] for r in rows if r["stages"] == p and r["batch_size"] == b)
         target = next((r[key] for r in rows if r["stages"] == p and r["batch_size"] == b), None)
@@ -120,7 +121,12 @@ def _target_section(state: dict, rows: list[dict], which: str, table: dict) -> l
         for o in others:
             for kind in noise:
                 a, x = getattr(c, kind), getattr(by_method[o], kind)
-                if speedup(a, x) and within_noise(speedup_ci(a.values, x.values)):
+                if speedup(a, x) is None:
+                    continue
+                ci = speedup_ci(a.values, x.values)
+                if ci is None:
+                    unsure.add(f"p{p}_b{b} {compare} vs {o}")
+                elif within_noise(ci):
                     noise[kind].append(f"p{p}_b{b} {compare} vs {o}")
     lines += ["", "Steps to target (optimizer steps):", ""]
     head = ["depth", "batch (m)", *methods, *(f"{compare} vs {o}" for o in others)]
@@ -132,9 +138,12 @@ def _target_section(state: dict, rows: list[dict], which: str, table: dict) -> l
                  *(fmt_speedup_ci(c.steps, by_method[o].steps) for o in others)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += [""]
-    for kind, label in (("time", "time"), ("steps", "steps")):
+    for kind in noise:
         cells = ", ".join(noise[kind]) or "none"
-        lines.append(f"Within noise in {label} to the {which} target (the interval includes 1): {cells}.")
+        lines.append(f"Within noise in {kind} to the {which} target (the interval includes 1): {cells}.")
+    if unsure:
+        lines.append(f"No interval, so not known to be outside the noise (fewer than two seeds done): "
+                     f"{', '.join(sorted(unsure))}.")
     return lines + [""]
 
 

@@ -88,10 +88,10 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
     ax.set_ylabel(f"time to target / {baseline}'s (lower is faster)")
     ax.set_title(f"time to the {target} target perplexity relative to {baseline}\nmedian over seeds, min–max bars",
                  fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # outside: never on a bar
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
 
 

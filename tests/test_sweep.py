@@ -298,6 +298,33 @@ def test_targets_early_at_a_fraction_of_a_budget_and_late_at_the_best():
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
+    """Ctrl-C (SIGINT to the whole process group) while two cells run in worker processes: exit 130,
+    one line saying how to resume, no traceback, no process left behind."""
+    import signal
+    import time
+
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    p = subprocess.Popen([exe, "sweep", "sweep=smoke", "sweep.jobs=2", f"sweep.dir={tmp_path / 'sw'}"],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = []
+    for line in p.stderr:  # until both workers run a cell
+        seen.append(line)
+        if sum("] start " in x for x in seen) == 2:
+            break
+    os.killpg(p.pid, signal.SIGINT)
+    err = "".join(seen) + p.stderr.read()
+    assert p.wait(timeout=120) == 130, err
+    assert "interrupted; rerun the same command to resume" in err and "Traceback" not in err, err
+    with pytest.raises(ProcessLookupError):  # the workers are gone too (within 10 s)
+        for _ in range(50):
+            os.killpg(p.pid, 0)
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
 def test_smoke_sweep_end_to_end(tmp_path):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     exe = os.path.join(os.path.dirname(sys.executable), "adapipe")

@@ -127,6 +127,7 @@ def _kill_while_writing(tmp_path, kills: int, seed: int):
     assert records(d) == records(whole)
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_sigkill_while_writing_checkpoints(tmp_path):
     _kill_while_writing(tmp_path, kills=3, seed=0)
 

@@ -230,6 +230,7 @@ def test_a_worker_that_exits_ends_the_run(tmp_path):
     run.assert_no_process_left()
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_a_hanging_worker_is_caught_by_the_timeout(tmp_path):
     run = Run(tmp_path, "pipeline.timeout_s=2", fault="1:10:hang")
     seen = run.wait_for(lambda: run.steps() >= 10)
@@ -241,6 +242,7 @@ def test_a_hanging_worker_is_caught_by_the_timeout(tmp_path):
     run.assert_no_process_left()
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_ctrl_c_stops_every_worker(tmp_path):
     run = Run(tmp_path)
     run.wait_for(lambda: run.steps() >= 3)
@@ -253,6 +255,7 @@ def test_ctrl_c_stops_every_worker(tmp_path):
 
 
 # -- torchrun ------------------------------------------------------------------------------------
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_torchrun_gives_the_local_losses(make_cfg, tmp_path):
     args = ["pipeline.stages=2", "pipeline.microbatches=2", "schedule=pipedream"]
     train(make_cfg(*args), tmp_path / "local")

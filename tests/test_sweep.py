@@ -102,6 +102,7 @@ def _lines(err: str, verb: str) -> list[str]:
     return [line for line in err.splitlines() if line.startswith("[") and f"] {verb} " in line]
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_sweep_resumes_only_the_deleted_cell(tmp_path, capsys):
     out = tmp_path / "sw"
     late = "sweep.late_target.rule=sync_best"
@@ -154,6 +155,7 @@ def test_results_do_not_depend_on_jobs(tmp_path, capsys):
         assert a == b and len(a) >= 2, cell  # a run stopping at its target has fewer
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_only_runs_the_selected_methods_and_the_baseline_a_target_needs(tmp_path, capsys):
     out = tmp_path / "sw"
     assert main(["sweep", *TINY_GRID, "sweep.only=[adapipe+predict]", f"sweep.dir={out}"]) == 0
@@ -180,6 +182,7 @@ def test_a_grid_without_its_curves_setting_still_reports(tmp_path, capsys):
     assert "--cell p8_b4: not a setting of this sweep; use one of p2_b4" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_a_failing_cell_does_not_stop_the_others(tmp_path, capsys):
     out = tmp_path / "sw"
     args = ["sweep", *TINY_GRID, f"sweep.dir={out}", "sweep.target.rule=fixed",

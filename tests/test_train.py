@@ -77,6 +77,7 @@ def run_cli(*args, cwd=None):
     return subprocess.run([exe, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
 
 
+@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
 def test_console_script_runs_and_prints_where_results_are(tmp_path):
     out = tmp_path / "run"
     r = run_cli("train", *TINY, "train.max_steps=4", f"hydra.run.dir={out}", cwd=tmp_path)

@@ -10,6 +10,11 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
+
+# one torch thread, as runs default to (pipeline.threads=1): tests that build runtimes directly
+# would otherwise run torch's default threads, several times slower on a busy 2-core machine
+torch.set_num_threads(1)
 
 # A model and data small enough that a step takes milliseconds.
 TINY = [

@@ -107,11 +107,19 @@ def reference_pipedream(data, p, m, clip, steps=STEPS):
     """Per stage, the version each microbatch's forward used, from a table of weight versions:
     stage s forwards microbatch j with its latest weights, which in a 1F1B stream of p stages are
     version max(0, floor((j - (p - s - 1)) / m)); gradients are taken at those versions and applied,
-    per stage, at the end of each step (each stage clipping its own norm to clip / sqrt(p))."""
+    per stage, at the end of each step.
+
+    Clipping by the global norm as far as a stage can know it at its update of step t: its own
+    squared norm and those of every stage downstream of the same step t (their backwards of the
+    step's last microbatch came first), and of each upstream stage s' < s the newest step it had
+    completed when it forwarded the last microbatch stage s forwarded before the update, j* =
+    (t+1) m - 1 + (p - s - 1), which is step t + floor((s' - s - 1) / m); a stage with no
+    completed step yet counts as much as stage s itself."""
     stages = build_stages(GCFG, partition(GCFG, p), seed=0)
     named = [list(st.named_parameters()) for st in stages]
     opts = [StageOptimizer(n, optim_cfg(grad_clip=clip)) for n in named]
     versions = [[[q.detach().clone() for _, q in n]] for n in named]  # versions[s][v]
+    sq_history: list[list[float]] = []  # [t][s]: squared norm of stage s's gradient of step t
     losses = []
     for t in range(steps):
         x, y = data[t]
@@ -132,9 +140,16 @@ def reference_pipedream(data, p, m, clip, steps=STEPS):
                     g.add_(gs[k])
                     k += 1
             total += loss.item()
+        sq_history.append([float(torch.stack([torch.linalg.vector_norm(g) for g in grads[s]]).pow(2).sum())
+                           for s in range(p)])
         for s in range(p):
-            norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads[s]))
-            coef = min(1.0, clip / math.sqrt(p) / (norm + 1e-6)) if clip else 1.0
+            own = sq_history[t][s]
+            total_sq = 0.0
+            for s2 in range(p):
+                tau = t if s2 >= s else t + (s2 - s - 1) // m
+                total_sq += sq_history[tau][s2] if tau >= 0 else own
+            norm = math.sqrt(total_sq)
+            coef = min(1.0, clip / (norm + 1e-6)) if clip else 1.0
             for (_, q), g in zip(named[s], grads[s]):
                 q.grad = g * coef
             opts[s].step(lr_factor(t, 2, steps, 0.1))
@@ -174,6 +189,79 @@ def test_pipeline_clock_is_the_simulators_time():
     times = [rt.run_step(t).time_s for t in range(len(phases))]
     sim = simulate(ScheduleSpec(3, 2), Plan(len(phases), phases), prof)
     assert times == pytest.approx(sim.update_end, rel=1e-12)
+
+
+@pytest.mark.parametrize("weights,mitigation", [("stash", []), ("latest", []), ("2bw", ["predict"]),
+                                                ("stash", ["predict", "nesterov"]), ("latest", ["predict"])])
+def test_pipeline_clock_charges_copies_predictions_and_recomputes(weights, mitigation):
+    """With distinct non-zero costs for every kind of work, the local clock equals the simulator
+    fed with the same profile, and the extra work is really on it: the same run with copies and
+    predictions free is faster by exactly the work the ledger counted."""
+    from adapipe_cli.schedules import Plan, ScheduleSpec
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.simulator.simulate import simulate
+    from helpers import sched_cfg
+
+    phases = [SYNC, ASYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC, ASYNC]
+    p, m = 3, 2
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.07, 0.11, 0.13], predict=[0.017, 0.019, 0.023])
+    free = CostProfile(prof.forward, prof.backward, prof.update)
+    data = make_data(len(phases))
+    kw = dict(weights=weights, scfg=sched_cfg(mitigation=mitigation))
+    rt = local_runtime(p, m, phases, data, profile=prof, **kw)
+    times = [rt.run_step(t).time_s for t in range(len(phases))]
+    sim = simulate(ScheduleSpec(p, m, "1f1b", weights), Plan(len(phases), phases), prof, mitigations=mitigation)
+    assert times == pytest.approx(sim.update_end, rel=1e-12)
+    base = simulate(ScheduleSpec(p, m, "1f1b", weights), Plan(len(phases), phases), free, mitigations=mitigation)
+    assert sim.makespan > base.makespan  # copies (async), predictions or recomputes are charged
+    if weights == "stash" and not mitigation:
+        # hand count: an async forward computes with a copy of its version, made once per version
+        # (every stage's forwards of a version run while it is live): so each stage pays one copy
+        # per distinct version its async forwards use, and nothing else is extra
+        from adapipe_cli.schedules import FORWARD, StageProgram
+
+        busy = sum(sim.utilization) * sim.makespan - sum(base.utilization) * base.makespan
+        spec, plan = ScheduleSpec(p, m, "1f1b", weights), Plan(len(phases), phases)
+        expected = 0.0
+        for st in range(p):
+            prog, versions = StageProgram(st, spec, plan), set()
+            while (a := prog.pop()) is not None:
+                if a.kind == FORWARD and a.phase == ASYNC:
+                    versions.add(a.version)
+            expected += len(versions) * prof.copy[st]
+        assert busy == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("m", [1, 2])
+def test_one_stage_sync_and_async_clip_identically(m):
+    """With one stage an async step has no delay: its clipping is sync's (the global norm), with
+    clipping active (a threshold far below the gradient norm)."""
+    data = make_data(STEPS)
+    sync_rt = local_runtime(1, m, [SYNC] * STEPS, data, clip=0.05)
+    async_rt = local_runtime(1, m, [ASYNC] * STEPS, data, clip=0.05)
+    s = [sync_rt.run_step(t) for t in range(STEPS)]
+    a = [async_rt.run_step(t) for t in range(STEPS)]
+    assert min(r.grad_norm for r in s) > 0.5  # far above 0.05: the clip is active at every step
+    assert [r.loss for r in a] == [r.loss for r in s]
+    assert [r.grad_norm for r in a] == [r.grad_norm for r in s]
+    unclipped = run_losses(local_runtime(1, m, [SYNC] * STEPS, data, clip=0.0), STEPS)
+    assert unclipped != [r.loss for r in s]
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 2)])
+def test_grad_norm_is_the_global_norm_in_both_phases(p, m):
+    """The logged grad_norm is the norm of the whole step's gradient before clipping, in sync and
+    in async alike: with zero delay it is the single-process norm."""
+    data = make_data(STEPS)
+    model = build_full_model(GCFG, seed=0)
+    x, y = data[0]
+    mb = B // m
+    for i in range(m):
+        (lm_loss(model(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb]) / m).backward()
+    ref = math.sqrt(sum(float(q.grad.pow(2).sum()) for q in model.parameters()))
+    for phase in (SYNC, ASYNC):
+        r = local_runtime(p, m, [phase] * STEPS, data).run_step(0)  # step 0: every version is 0
+        assert r.grad_norm == pytest.approx(ref, rel=1e-5)
 
 
 @pytest.mark.parametrize("mitigation", [["lr_reschedule"], ["predict"], ["nesterov"], ["lr_reschedule", "predict"]])

@@ -51,15 +51,31 @@ def test_sync_bubble_and_step_time(sync, p, m):
 
 
 # -- asynchronous: PipeDream and 2BW --------------------------------------------------------------
+def latest_recomputes(p: int, s: int, m: int, n: int) -> int:
+    """Backwards of an n-step async run that ``weights=latest`` recomputes at stage ``s``: those
+    with an update between their forward and their backward. In a 1F1B stream F(j) comes right
+    before B(j - w), w = p - s - 1, so the backwards between F(j) and B(j) are B(j-w) .. B(j-1),
+    and an update follows B(k) when (k + 1) % m == 0."""
+    w = p - s - 1
+    return sum(1 for j in range(n * m) if any((k + 1) % m == 0 for k in range(max(0, j - w), j)))
+
+
 @pytest.mark.parametrize("weights", ["stash", "latest", "vertical", "2bw"])
 @pytest.mark.parametrize("p,m", SHAPES)
 def test_async_steady_state_has_no_bubble(weights, p, m):
-    """Steady state: every stage busy, step time m (f + b) (+ u)."""
+    """Steady state: step time m (f + b) (+ u), every stage busy; with ``latest`` a stage's
+    recomputed forwards are on its clock too, and the busiest stage sets the step."""
     if weights == "2bw" and m < p - 1:
         pytest.skip("2bw needs m >= p - 1")
     n = min_steady_steps(p, m) + 2
     r = run(p, m, [ASYNC] * n, weights=weights)
     assert r.steady
+    if weights == "latest":
+        # every recomputed forward is on its stage's clock; the step is at least the busiest stage's
+        busy = [u * r.makespan for u in r.utilization]
+        assert busy == approx([n * m * (F + B) + latest_recomputes(p, s, m, n) * F for s in range(p)])
+        assert r.step_time >= m * (F + B) + max(latest_recomputes(p, s, m, n) for s in range(p)) * F / n - 1e-9
+        return
     assert r.step_time == approx(m * (F + B))
     assert r.bubble_fraction == approx(0.0)
     # the fill and the drain are the only idle time of the run

@@ -195,7 +195,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     spec, name = setup.spec, cfg.schedule.name
     actions = setup.plan.max_steps * spec.stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
-    res = simulate(spec, setup.plan, setup.profile, setup.link, record=record)
+    res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation))
     run_dir.mkdir(parents=True, exist_ok=True)
     written = ["simulation.json"]
     if record:

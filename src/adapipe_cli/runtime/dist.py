@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from ..config.validate import ConfigError
 from ..train import checkpoint
 from .dist_transport import Board
-from .local import StepResult
+from .local import StepResult, global_norm, stage_lrs
 from .watchdog import Collector, Watchdog, WorkerFailed
 from .worker import spawn_main, torchrun_env
 
@@ -241,7 +241,9 @@ class DistRuntime:
         return {r: str(Path(folder) / manifest["parts"][n]["file"]) for r, n in enumerate(names)}
 
     def memory(self) -> list[dict]:
-        keys = ("peak_activations", "peak_weight_versions", "peak_rss_mb", "peak_device_mb")
+        keys = ("peak_activations", "peak_weight_versions", "peak_param_sets", "peak_grad_sets", "peak_bytes",
+                "peak_param_bytes", "peak_grad_bytes", "peak_activation_bytes", "optimizer_bytes",
+                "peak_rss_mb", "peak_device_mb")
         return [{"stage": r, "rank": r, **{k: rep[k] for k in keys}} for r, rep in sorted(self.reports.items())]
 
     def close(self) -> None:
@@ -279,8 +281,9 @@ class DistRuntime:
             step=t, phase=self.plan.phases[t], loss=sum(last["losses"]) / max(1, len(last["losses"])), time_s=now,
             staleness_mean=sum(delays) / max(1, len(delays)), staleness_max=max(delays, default=0),
             bubble=min(1.0, max(0.0, bubble)) if math.isfinite(bubble) else bubble,
-            grad_norm=reps[0]["grad_norm"], lr=last["lr"],
-            versions_max=max(r["versions"] for r in reps), inflight_max=max(r["inflight"] for r in reps))
+            grad_norm=global_norm([r["grad_sq"] for r in reps]), lr=last["lr"],
+            versions_max=max(r["versions"] for r in reps), inflight_max=max(r["inflight"] for r in reps),
+            lr_stages=stage_lrs([r["lr_stage"] for r in reps]), param_sets_max=max(r["param_sets"] for r in reps))
 
     def _forget(self, t: int) -> None:
         """Drop step ``t``'s keys from the board (every stage is past ``U(t)``)."""

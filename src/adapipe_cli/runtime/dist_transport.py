@@ -17,8 +17,8 @@ per-step permission to update, per-step reports, evaluation results and errors. 
     resume/phases        a resumed run's phases, decided before its checkpoint
     resume/expect/{r}    a resumed rank r's first activation still to receive (the previous rank sends it again)
 
-The transport carries activations, gradients and validation activations between neighbouring
-stages, and the two collectives of a synchronous update (global gradient norm, tied embeddings).
+The transport carries activations, gradients, validation activations and the async stream's
+tables of gradient norms between neighbouring stages, and the two collectives of a synchronous update (global gradient norm, tied embeddings).
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ import torch
 import torch.distributed as dist
 
 ENDINGS = ("end", "eval", "abort")
+# tensors between neighbours: activations, input gradients, validation activations, and the
+# tables of gradient norms that travel with the async stream's activations and gradients
+CHANNELS = ("act", "grad", "eval", "actn", "gradn")
 
 
 class Board:
@@ -98,7 +101,7 @@ def build_groups(stages: int, tied: bool) -> dict:
     """
     groups: dict = {}
     for s in range(stages - 1):
-        for channel in ("act", "grad", "eval"):
+        for channel in CHANNELS:
             groups[(channel, s)] = dist.new_group([s, s + 1])
     if tied and stages > 1:
         groups["ends"] = dist.new_group([0, stages - 1]) if stages > 2 else None

@@ -9,6 +9,7 @@ pipeline clock times each action from its cost (profiled or measured).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -31,10 +32,22 @@ class StepResult:
     staleness_mean: float
     staleness_max: int
     bubble: float
-    grad_norm: float
-    lr: float
+    grad_norm: float  # global norm of the step's gradient before clipping (every stage's share)
+    lr: float  # the schedule's learning rate of the step
     versions_max: int
     inflight_max: int
+    lr_stages: list[float] | None = None  # each stage's own, where they differ (PipeMare rescheduling)
+    param_sets_max: int = 1  # parameter sets (live, copies, predictions) the fullest stage holds
+
+
+def global_norm(shares: list[float]) -> float:
+    """``sqrt(sum of the stages' squared shares)``: the norm of the whole step's gradient."""
+    return math.sqrt(sum(shares))
+
+
+def stage_lrs(lrs: list[float]) -> list[float] | None:
+    """The stages' own learning rates, or None when they are all the same."""
+    return None if len(set(lrs)) <= 1 else list(lrs)
 
 
 class LocalRuntime:
@@ -63,7 +76,8 @@ class LocalRuntime:
         self.programs = [StageProgram(s, spec, plan) for s in range(self.p)]
         self.executors = [
             StageExecutor(s, self.p, self.m, stages[s], optimizers[s], self.transport, batch, policy,
-                          self.programs[s], grad_clip=grad_clip, seed=seed, tied=tied)
+                          self.programs[s], grad_clip=grad_clip, seed=seed, tied=tied,
+                          nbytes=profile.stage_bytes(s) if profile else None)
             for s in range(self.p)
         ]
         self.profile = profile  # None: each action's measured duration is its cost
@@ -109,8 +123,8 @@ class LocalRuntime:
 
     def _execute(self, s: int, a: Action) -> list[int]:
         t0 = time.perf_counter()
-        self.executors[s].run(a)
-        cost = time.perf_counter() - t0 if self.profile is None else self.profile.cost(s, a.kind)
+        work = self.executors[s].run(a)
+        cost = time.perf_counter() - t0 if self.profile is None else self.profile.cost(s, a.kind, work)
         self.clock.run(s, a, cost)
         if a.kind == UPDATE:
             self.updated[s] = a.step
@@ -143,10 +157,12 @@ class LocalRuntime:
             staleness_mean=sum(delays) / max(1, len(delays)),
             staleness_max=max(delays, default=0),
             bubble=max(0.0, bubble),
-            grad_norm=stats[0].grad_norm,
+            grad_norm=global_norm([st.grad_sq for st in stats]),
             lr=last.lr,
             versions_max=max(ex.versions_held() for ex in self.executors),
             inflight_max=max(len(ex.inflight) for ex in self.executors),
+            lr_stages=stage_lrs([st.lr_stage for st in stats]),
+            param_sets_max=max(ex.param_sets() for ex in self.executors),
         )
 
     @torch.no_grad()
@@ -190,8 +206,9 @@ class LocalRuntime:
         self._evals = []
 
     def memory(self) -> list[dict]:
-        return [{"stage": ex.s, "peak_activations": ex.peak_inflight, "peak_weight_versions": ex.peak_versions}
-                for ex in self.executors]
+        """Per stage, the ledger's peaks: activations, weight versions, parameter and gradient
+        sets, and bytes (when the profile knows the sizes)."""
+        return [ex.ledger.report() for ex in self.executors]
 
     def modules(self):
         return [ex.module for ex in self.executors]

@@ -1,7 +1,8 @@
 """Measuring the cost profile that the pipeline clock uses (``pipeline.clock=profiled``).
 
-Each stage's forward, backward (one microbatch) and update are timed on copies of the stage and
-its optimizer, so measuring changes neither the weights nor the random state of the run.
+Each stage's forward, backward (one microbatch), update, parameter copy and element-wise pass over
+its parameters (the ``copy`` and ``predict`` costs) are timed on copies of the stage and its
+optimizer, so measuring changes neither the weights nor the random state of the run.
 
 Other work on the machine can only slow a measurement down, and it comes and goes, so the kinds of
 work are interleaved (every round times each stage's F, B and U once, in turn: a busy spell slows
@@ -31,7 +32,7 @@ PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
 SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption of sub-millisecond work)
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
-KINDS = ("forward", "backward", "update")
+KINDS = ("forward", "backward", "update", "copy", "predict")
 
 
 @dataclass
@@ -74,8 +75,10 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                targets: torch.Tensor) -> tuple[dict[str, Work], float]:
-    """The forward, backward and update of a copy of ``stage`` on one microbatch, as :class:`Work`
-    for :func:`time_interleaved`, and the bytes of one microbatch's activation."""
+    """The forward, backward and update of a copy of ``stage`` on one microbatch, one copy of its
+    parameters (a stash or a shadow) and one element-wise pass ``w + d * u`` over them (a
+    prediction; the velocity's EMA and nesterov's step are passes of the same size), as
+    :class:`Work` for :func:`time_interleaved`, and the bytes of one microbatch's activation."""
     st = copy.deepcopy(stage)
     opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())
@@ -88,6 +91,7 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
 
     grad = None if st.last else torch.randn_like(fwd())
     inputs = params if st.first else [x, *params]
+    velocity = [torch.zeros_like(p) for p in params]
 
     def zero_grads():
         for p in params:
@@ -98,6 +102,8 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         # the backward alone: each call differentiates a graph built (untimed) just before
         "backward": Work(lambda y: torch.autograd.grad(y, inputs, grad, allow_unused=True), setup=fwd),
         "update": Work(lambda _: opt.step(1.0), setup=zero_grads),
+        "copy": Work(lambda: [p.detach().clone() for p in params]),
+        "predict": Work(lambda: [p.detach() + 2 * g for p, g in zip(params, velocity)]),
     }
     return work, float(rows * seq * st.cfg.d_model * 4)
 
@@ -108,8 +114,8 @@ def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimiz
     """(forward s, backward s, update s, activation bytes, {kind: spread}) of one stage on one
     microbatch, by :func:`time_interleaved` over ``reps`` rounds per pass."""
     work, act_bytes = stage_work(stage, make_optimizer, tokens, targets)
-    t = time_interleaved(work, reps, timer=timer)
-    return t["forward"][0], t["backward"][0], t["update"][0], act_bytes, {k: t[k][1] for k in work}
+    t = time_interleaved({k: work[k] for k in ("forward", "backward", "update")}, reps, timer=timer)
+    return t["forward"][0], t["backward"][0], t["update"][0], act_bytes, {k: t[k][1] for k in t}
 
 
 def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]]) -> str | None:
@@ -144,6 +150,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer)
+        mem = [stage_memory(stage, make_optimizer, tokens, targets) for stage in stages]
     finally:
         torch.random.set_rng_state(state)
     times = {kind: [t[(s, kind)][0] for s in range(len(stages))] for kind in KINDS}
@@ -153,4 +160,33 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
         warn(line)
     meta = {**(meta or {}), "method": f"min over {PASSES} passes x {max(1, reps)} interleaved rounds",
             "spread": spread}
-    return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta)
+    memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
+    return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
+                       copy=times["copy"], predict=times["predict"], memory=memory)
+
+def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor, targets: torch.Tensor) -> dict:
+    """Bytes of one parameter set, of the optimizer state (after one update) and of what autograd
+    saves for the backward of one microbatch (counted with saved-tensor hooks; a tensor saved
+    twice counts once)."""
+    st = copy.deepcopy(stage)
+    params = list(st.parameters())
+    nbytes = lambda ts: float(sum(t.numel() * t.element_size() for t in ts))  # noqa: E731
+    opt = make_optimizer(list(st.named_parameters()))
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step(0.0)
+    state = [v for o in opt.optimizers for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    x = tokens if st.first else torch.randn(tokens.shape[0], tokens.shape[1], st.cfg.d_model, requires_grad=True)
+    ids = {id(p) for p in params} | {id(x)}
+    saved: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if id(t) not in ids:  # parameters and the input are held anyway
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = st(x)
+        if st.last:
+            lm_loss(out, targets)
+    return {"params": nbytes(params), "optimizer": nbytes(state), "activation": float(sum(saved.values()))}

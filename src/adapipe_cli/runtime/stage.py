@@ -6,7 +6,19 @@ in-flight microbatches and the gradient accumulators of unfinished steps.
 
 Synchronous actions compute with the live parameters directly. Asynchronous ones compute with a
 copy of their version (made once per version): an update may land between a forward and its
-backward, and it must not change the weights the backward differentiates.
+backward, and it must not change the weights the backward differentiates. Which buffers exist and
+when they are freed is decided by the stage's :class:`~..schedules.ledger.Ledger`, which the
+simulator drives too; :meth:`StageExecutor.run` returns the extra work an action did (copies,
+predictions, recomputed forwards) for the pipeline clock.
+
+Gradient clipping is by the global norm over all stages in both phases (what a single process
+would do). A synchronous update gets it exactly from a collective. An asynchronous stage cannot
+wait for the other stages' gradients of the same step, so it clips by the norm of the newest
+gradient it knows of each stage: its own of this step, and the others' squared norms, which travel
+with every activation and gradient message of the async stream (a stage's table of ``(step,
+squared norm)`` per stage, merged by newest step). Downstream stages' entries are of the same step
+(their backward of the step's last microbatch comes first); upstream ones are older. A stage not
+heard from yet counts as much as the stage's own. With one stage both rules are the same.
 """
 
 from __future__ import annotations
@@ -19,9 +31,13 @@ import torch
 from torch.func import functional_call
 
 from ..model import GPTStage, lm_loss
-from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
+from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
+from ..schedules.ledger import LIVE, Ledger, StageBytes
 from ..train.optim import StageOptimizer
 from .transport import Transport
+
+
+UNKNOWN = -(2**24)  # the step of a stage's gradient norm not heard of yet (exact in float32)
 
 
 @dataclass
@@ -31,6 +47,7 @@ class InFlight:
     weights: list[torch.Tensor] | None  # None: the live parameters
     x: torch.Tensor  # stage input (leaf; requires grad except on the first stage)
     out: torch.Tensor  # stage output, or the scaled loss on the last stage
+    table: torch.Tensor | None = None  # the table of gradient norms sent with its activation
 
 
 @dataclass
@@ -39,8 +56,10 @@ class StepStats:
 
     losses: list[float] = field(default_factory=list)  # last stage: microbatch losses
     delays: list[int] = field(default_factory=list)  # step - version of each forward
-    grad_norm: float = float("nan")
-    lr: float = float("nan")
+    grad_sq: float = float("nan")  # squared norm of this stage's share of the step's gradient
+    clip_norm: float = float("nan")  # the global norm the update was clipped by (exact or estimated)
+    lr: float = float("nan")  # the schedule's learning rate of the update (same at every stage)
+    lr_stage: float = float("nan")  # this stage's own, after PipeMare rescheduling
 
 
 class StageExecutor:
@@ -65,6 +84,7 @@ class StageExecutor:
         grad_clip: float = 0.0,
         seed: int = 0,
         tied: bool = False,
+        nbytes: StageBytes | None = None,
     ) -> None:
         self.s, self.p, self.m = index, stages, microbatches
         self.first, self.last = index == 0, index == stages - 1
@@ -77,18 +97,35 @@ class StageExecutor:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.tied_index = self._tied_index() if self.tied else -1
-        self.live = 0  # version held by the live parameters
+        mit = set(getattr(policy, "mitigations", ()))
+        self.ledger = Ledger(index, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
+                             nbytes=nbytes or StageBytes())
         self.copies: dict[int, list[torch.Tensor]] = {}  # version -> frozen copy of its weights
+        self.predicted: dict[tuple, list[torch.Tensor]] = {}  # (version, d, live) -> predicted weights
         self.inflight: dict[int, InFlight] = {}
         self.grads: dict[int, list[torch.Tensor]] = {}  # step -> accumulated gradient
+        self.backwards: dict[int, int] = {}  # step -> backwards run (the m-th completes its gradient)
+        self.known = [(UNKNOWN, 0.0)] * stages  # per stage: (step, squared gradient norm), the newest known
         self.stats: dict[int, StepStats] = {}
         self.eval_losses: dict[int, list[float]] = {}  # version -> validation losses (last stage)
-        self.peak_inflight = 0
-        self.peak_versions = 1
+        self.work: dict[str, int] = {}  # extra work of the action being run (see the ledger)
         self.dropout = module.cfg.dropout > 0
         self._posted: set[tuple] = set()  # collectives of synchronous updates already posted
         self._norms: dict[int, torch.Tensor] = {}  # step -> global squared gradient norm
         self.val: list[tuple[torch.Tensor, torch.Tensor]] = []  # validation batches for E actions
+
+    @property
+    def live(self) -> int:
+        """The version held by the live parameters."""
+        return self.ledger.live
+
+    @property
+    def peak_inflight(self) -> int:
+        return self.ledger.peak.activations
+
+    @property
+    def peak_versions(self) -> int:
+        return self.ledger.peak.versions
 
     def _tied_index(self) -> int:
         name = "embed.wte.weight" if self.first else "head.lm_head.weight"
@@ -135,18 +172,30 @@ class StageExecutor:
             state.add(("tied-done", step))
         share = [x for i, x in enumerate(g) if not (self.tied and self.last and i == self.tied_index)]
         if ("norm", step) not in state:
-            t.post_reduce(("norm", step), self.s, self._all, [self._sq_norm(share)])
+            t.post_reduce(("norm", step), self.s, self._all, [self._share_vector(share)])
             state.add(("norm", step))
         if not t.reduce_ready(("norm", step), self._all):
             return None
-        (sq,) = t.reduce(("norm", step), self.s, self._all, [self._sq_norm(share)])
+        (shares,) = t.reduce(("norm", step), self.s, self._all, [self._share_vector(share)])
         for key in (("tied", step), ("tied-done", step), ("norm", step)):
             state.discard(key)
+        # every stage's share is known exactly now: the async stream starts from them
+        self.known = [(step, float(x)) for x in shares]
+        sq = shares.sum()
         self._norms[step] = sq
         return sq
 
+    def _share_vector(self, share: list[torch.Tensor]) -> torch.Tensor:
+        """This stage's squared norm at its own index of a length-p vector: summed over the stages
+        it gives every stage's share (adding zeros is exact)."""
+        v = torch.zeros(self.p, dtype=torch.float32)
+        v[self.s] = self._sq_norm(share).float()
+        return v
+
     # -- execution -----------------------------------------------------------------------------
-    def run(self, a: Action) -> None:
+    def run(self, a: Action) -> dict[str, int]:
+        """Run ``a``; returns the extra work it did ({"copy": n, "predict": n, "recompute": n})."""
+        self.work = {}
         if a.kind == FORWARD:
             self.forward(a)
         elif a.kind == BACKWARD:
@@ -156,19 +205,29 @@ class StageExecutor:
         elif a.kind == EVAL:
             self.evaluate(a)
         self._release()
+        return self.work
 
     def _weights(self, version: int, phase: str, step: int) -> list[torch.Tensor] | None:
         """Tensors to compute with for ``version``: None means the live parameters."""
-        if phase == SYNC and version == self.live:
+        return self._tensors(self.ledger.weights(version, phase, step, self.work))
+
+    def _tensors(self, key: tuple) -> list[torch.Tensor] | None:
+        """The tensors of the ledger's buffer ``key``, materialised the first time they are used."""
+        if key == LIVE:
             return None
-        predicted = self.policy.predicted_weights(self, version, step)
-        if predicted is not None:
-            return predicted
-        if version not in self.copies:
-            if version != self.live:
-                raise RuntimeError(f"stage {self.s}: weight version {version} is no longer held (live {self.live})")
-            self.copies[version] = [p.detach().clone().requires_grad_(True) for p in self.params]
-        return self.copies[version]
+        if key[0] == "copy":
+            if key[1] not in self.copies:
+                self.copies[key[1]] = self._clone_live()
+            return self.copies[key[1]]
+        pk = key[1:]
+        if pk not in self.predicted:
+            version, d, _ = pk
+            base = self.params if version == self.live else self.copies[version]
+            self.predicted[pk] = self.policy.predict(self.s, base, d)
+        return self.predicted[pk]
+
+    def _clone_live(self) -> list[torch.Tensor]:
+        return [p.detach().clone().requires_grad_(True) for p in self.params]
 
     def _call(self, x: torch.Tensor, weights: list[torch.Tensor] | None, mb: int) -> torch.Tensor:
         if self.dropout:  # the same dropout mask whatever the execution order
@@ -185,11 +244,32 @@ class StageExecutor:
     def _input(self, a: Action) -> torch.Tensor:
         if self.first:
             return self.batch(a.step, a.mb % self.m)[0]
-        return self.transport.recv("act", self.s - 1, self.s, a.mb).requires_grad_(True)
+        x = self.transport.recv("act", self.s - 1, self.s, a.mb)
+        self._hear("actn", self.s - 1, a)
+        return x.requires_grad_(True)
+
+    # -- the async stream's table of gradient norms (see the module docstring) -----------------
+    def _gossips(self, a: Action) -> bool:
+        return a.phase == ASYNC and self.grad_clip > 0 and self.p > 1
+
+    def _tell(self, channel: str, dst: int, a: Action) -> torch.Tensor | None:
+        if not self._gossips(a):
+            return None
+        table = torch.tensor(self.known, dtype=torch.float32)
+        self.transport.send(channel, self.s, dst, a.mb, table)
+        return table
+
+    def _hear(self, channel: str, src: int, a: Action) -> None:
+        if self._gossips(a):
+            table = self.transport.recv(channel, src, self.s, a.mb)
+            for i, (step, sq) in enumerate(table.tolist()):
+                if i != self.s and step > self.known[i][0]:
+                    self.known[i] = (int(step), sq)
 
     def forward(self, a: Action) -> None:
         x = self._input(a)
-        w = self._weights(a.version, a.phase, a.step)
+        key = self.ledger.forward(a, self.work)
+        w = self._tensors(key)
         out = self._call(x, w, a.mb)
         st = self.stats.setdefault(a.step, StepStats())
         st.delays.append(a.step - a.version)
@@ -197,17 +277,30 @@ class StageExecutor:
             loss = lm_loss(out, self.batch(a.step, a.mb % self.m)[1])
             st.losses.append(loss.item())
             out = loss / self.m  # the step's gradient is the mean over its microbatches
-        else:
+        table = None
+        if not self.last:
             self.transport.send("act", self.s, self.s + 1, a.mb, out.detach())
-        self.inflight[a.mb] = InFlight(a, a.version, w, x, out)
-        self.peak_inflight = max(self.peak_inflight, len(self.inflight))
+            table = self._tell("actn", self.s + 1, a)
+        self.inflight[a.mb] = InFlight(a, a.version, w, x, out, table)
+
+    def resend(self, mb: int) -> None:
+        """Send in-flight microbatch ``mb``'s activation (and its table of norms) again: a resumed
+        distributed run's next stage had not received it at the cut."""
+        rec = self.inflight[mb]
+        self.transport.send("act", self.s, self.s + 1, mb, rec.out.detach())
+        if rec.table is not None:
+            self.transport.send("actn", self.s, self.s + 1, mb, rec.table)
 
     def backward(self, a: Action) -> None:
         rec = self.inflight.pop(a.mb)
-        grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb)
+        grad_out = None
+        if not self.last:
+            grad_out = self.transport.recv("grad", self.s + 1, self.s, a.mb)
+            self._hear("gradn", self.s + 1, a)
         w, out, x = rec.weights, rec.out, rec.x
+        key = self.ledger.backward(a, self.work)
         if a.version != rec.version:  # no stashing: differentiate at the weights current now
-            w = self._weights(a.version, a.phase, a.step)
+            w = self._tensors(key)
             x = x.detach().requires_grad_(not self.first)
             out = self._call(x, w, a.mb)
             if self.last:
@@ -221,49 +314,58 @@ class StageExecutor:
         grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
         acc = self.grads.get(a.step)
         if acc is None:
-            self.grads[a.step] = grads
+            self.grads[a.step] = acc = grads
         else:
             for g_acc, g in zip(acc, grads):
                 g_acc.add_(g)
+        n = self.backwards[a.step] = self.backwards.get(a.step, 0) + 1
+        if n == self.m:  # the step's gradient is complete here
+            del self.backwards[a.step]
+            if a.phase == ASYNC:
+                sq = float(self._sq_norm(acc))
+                self.known[self.s] = (a.step, sq)
+                self.stats.setdefault(a.step, StepStats()).grad_sq = sq
+        if not self.first:
+            self._tell("gradn", self.s - 1, a)
 
     @staticmethod
     def _sq_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack([torch.linalg.vector_norm(g) for g in grads]).pow(2).sum()
 
     def update(self, a: Action) -> None:
-        """``U(t)``: clip and apply step ``t``'s accumulated gradient.
-
-        Sync: the gradient is clipped by the norm over all stages (a collective), so a pipeline
-        clips exactly as one process would. Async stages update at different times, so each clips
-        its own gradient to ``grad_clip / sqrt(p)`` (which bounds the norm over all stages by
-        ``grad_clip``)."""
+        """``U(t)``: clip and apply step ``t``'s accumulated gradient, with the clipping coefficient
+        ``min(1, grad_clip / (||g|| + 1e-6))`` of the global norm ``||g||`` over all stages: exact
+        in sync, the newest known shares in async (see the module docstring)."""
         st = self.stats.setdefault(a.step, StepStats())
         if a.phase == SYNC:
-            sq = self._sync_norm(a.step)  # sums tied gradients first
+            sq = float(self._sync_norm(a.step))  # sums tied gradients first
             del self._norms[a.step]
-            clip = self.grad_clip
+            st.grad_sq = self.known[self.s][1]
         grads = self.grads.pop(a.step)
         if a.phase != SYNC:
-            sq = self._sq_norm(grads)
-            clip = self.grad_clip / math.sqrt(self.p)
-        norm = float(sq.sqrt())
-        st.grad_norm = norm
-        if clip > 0:
-            coef = min(1.0, clip / (norm + 1e-6))
+            own = self.known[self.s][1]
+            sq = sum(own if step == UNKNOWN else x for step, x in self.known)
+        norm = math.sqrt(sq)
+        st.clip_norm = norm
+        if self.grad_clip > 0:
+            coef = min(1.0, self.grad_clip / (norm + 1e-6))
             if coef < 1.0:
                 for g in grads:
                     g.mul_(coef)
-        if self._needed(self.live) and self.live not in self.copies:
-            self.copies[self.live] = [p.detach().clone().requires_grad_(True) for p in self.params]
+        floor = self.program.floor_version()
+        self.ledger.update(a, self.ledger.needed(self.live, floor), self.work, self.policy.mitigations)
+        for v in self.ledger.copies:  # the live version, copied before the update changes it
+            if v not in self.copies:
+                self.copies[v] = self._clone_live()
         for p, g in zip(self.params, grads):
             p.grad = g
         delay = sum(st.delays) / max(1, len(st.delays))
         lr_scale, beta1 = self.policy.update_scale(self.s, a.step, a.phase, delay)
         before = self.policy.before_update(self)
         self.opt.step(lr_scale, beta1)
-        self.live += 1
         self.policy.after_update(self, before, a.phase, delay)
-        st.lr = self.opt.current_lr()
+        st.lr_stage = self.opt.current_lr()
+        st.lr = self.opt.base_lr() * self.policy.schedule_scale(a.step, a.phase)
 
     @torch.no_grad()
     def evaluate(self, a: Action) -> None:
@@ -283,9 +385,7 @@ class StageExecutor:
     @torch.no_grad()
     def eval_forward(self, version: int, x: torch.Tensor) -> torch.Tensor:
         """Forward of one validation batch with ``version``'s weights, without dropout."""
-        w = None if version == self.live else self.copies.get(version)
-        if version != self.live and w is None:
-            raise RuntimeError(f"stage {self.s}: weight version {version} is no longer held (live {self.live})")
+        w = self._tensors(self.ledger.eval_weights(version))
         self.module.eval()
         try:
             return self._call_plain(x, w)
@@ -293,22 +393,21 @@ class StageExecutor:
             self.module.train()
 
     # -- memory ----------------------------------------------------------------------------------
-    def _needed(self, version: int) -> bool:
-        return any(r.version == version for r in self.inflight.values()) or self.program.floor_version() <= version
-
     def _release(self) -> None:
-        floor = self.program.floor_version()
-        held = {r.version for r in self.inflight.values()}
-        for v in list(self.copies):
-            if v != self.live and v not in held and v < floor:
-                del self.copies[v]
-        self.policy.release(self, floor, held)
-        self.peak_versions = max(self.peak_versions, self.versions_held())
+        gone, dropped = self.ledger.release(self.program.floor_version())
+        for v in gone:
+            self.copies.pop(v, None)
+        for k in dropped:
+            self.predicted.pop(k, None)
 
     def versions_held(self) -> int:
         """Distinct weight versions this stage must keep: the live one and every older one an
         in-flight microbatch or a pending action still uses."""
-        return len({self.live, *(r.version for r in self.inflight.values()), *(v for v in self.copies if v < self.live)})
+        return self.ledger.versions_held()
+
+    def param_sets(self) -> int:
+        """Parameter sets held now: live, copies and predictions (the ledger's count)."""
+        return self.ledger.param_sets()
 
     def take_stats(self, step: int) -> StepStats:
         return self.stats.pop(step, StepStats())
@@ -316,31 +415,23 @@ class StageExecutor:
     # -- state (checkpoints, the divergence guard) ---------------------------------------------
     def state_dict(self) -> dict:
         """Everything that determines this stage's future numbers, at a step boundary (after one
-        of its updates): weights, optimizer, stashed versions, in-flight microbatches (their
-        inputs; the graphs are rebuilt by recomputing the forward, which gives identical values),
-        unfinished steps' gradients and statistics, the mitigations' state and the program's
-        position."""
+        of its updates): weights, optimizer, stashed and predicted weights, in-flight microbatches
+        (their inputs; the graphs are rebuilt by recomputing the forward, which gives identical
+        values), unfinished steps' gradients and statistics, the table of known gradient norms,
+        the ledger, the mitigations' state and the program's position."""
         clone = lambda ts: [t.detach().clone() for t in ts]  # noqa: E731
-        # weights of in-flight microbatches that are neither live nor a stashed version (predicted
-        # ones): saved as they are, since the velocity they were predicted with has moved on
-        own = {id(w): v for v, w in self.copies.items()}
-        extra = {id(r.weights): r.weights for r in self.inflight.values() if r.weights is not None and id(r.weights) not in own}
-        order = list(extra)
         return {
-            "stage": self.s, "live": self.live, "program": self.program.popped,
+            "stage": self.s, "program": self.program.popped,
             "params": clone(self.params), "optimizer": self.opt.state_dict(),
             "copies": {v: clone(w) for v, w in self.copies.items()},
-            # a stashed version is named: recomputing the weights could predict where the forward
-            # did not (a velocity that appeared since, with the stage's first update)
-            "inflight": {mb: {"action": tuple(r.action), "x": r.x.detach().clone(),
-                              "weights": order.index(id(r.weights)) if id(r.weights) in extra else None,
-                              "stashed": own.get(id(r.weights))}
+            "predicted": {k: clone(w) for k, w in self.predicted.items()},
+            "inflight": {mb: {"action": tuple(r.action), "x": r.x.detach().clone(), "table": r.table}
                          for mb, r in self.inflight.items()},
-            "inflight_weights": [clone(extra[i]) for i in order],
             "grads": {t: clone(g) for t, g in self.grads.items()},
+            "backwards": dict(self.backwards), "known": list(self.known),
             "stats": {t: dict(st.__dict__) for t, st in self.stats.items()},
             "eval_losses": dict(self.eval_losses),
-            "peaks": (self.peak_inflight, self.peak_versions),
+            "ledger": self.ledger.state_dict(),
             "policy": self.policy.stage_state(self.s),
         }
 
@@ -353,31 +444,27 @@ class StageExecutor:
             for p, v in zip(self.params, state["params"]):
                 p.copy_(v)
         self.opt.load_state_dict(state["optimizer"])
-        self.live = state["live"]
-        self.copies = {int(v): [t.clone().requires_grad_(True) for t in w] for v, w in state["copies"].items()}
+        grad = lambda w: [t.clone().requires_grad_(True) for t in w]  # noqa: E731
+        self.copies = {int(v): grad(w) for v, w in state["copies"].items()}
+        self.predicted = {tuple(k): grad(w) for k, w in state["predicted"].items()}
         self.grads = {int(t): [g.clone() for g in gs] for t, gs in state["grads"].items()}
+        self.backwards = {int(t): n for t, n in state["backwards"].items()}
+        self.known = [tuple(k) for k in state["known"]]
         self.stats = {int(t): StepStats(**st) for t, st in state["stats"].items()}
         self.eval_losses = dict(state["eval_losses"])
-        self.peak_inflight, self.peak_versions = state["peaks"]
+        self.ledger.load_state_dict(state["ledger"])
         self._posted, self._norms = set(), {}
         self.policy.load_stage_state(self.s, state["policy"])
         self.program = program
         program.skip(state["program"])
         self.inflight = {}
-        saved = [[t.clone().requires_grad_(True) for t in w] for w in state["inflight_weights"]]
         for mb, rec in sorted(state["inflight"].items()):
-            w = saved[rec["weights"]] if rec["weights"] is not None else None
-            if rec.get("stashed") is not None:
-                w = self.copies[int(rec["stashed"])]
-            self._refill(Action(*rec["action"]), rec["x"], w)
+            self._refill(Action(*rec["action"]), rec["x"], self._tensors(self.ledger.inflight[mb][1]), rec["table"])
 
-    def _refill(self, a: Action, x: torch.Tensor, w: list[torch.Tensor] | None) -> None:
+    def _refill(self, a: Action, x: torch.Tensor, w: list[torch.Tensor] | None, table: torch.Tensor | None) -> None:
         """Put a saved in-flight microbatch back: recompute its forward from its saved input."""
         x = x.clone() if self.first else x.clone().requires_grad_(True)
-        if w is None:
-            w = self._weights(a.version, a.phase, a.step)
         out = self._call(x, w, a.mb)
         if self.last:
             out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
-        self.inflight[a.mb] = InFlight(a, a.version, w, x, out)
-
+        self.inflight[a.mb] = InFlight(a, a.version, w, x, out, table)

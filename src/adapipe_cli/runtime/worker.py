@@ -185,6 +185,8 @@ class Worker:
         d, T = gcfg.d_model, cfg.model.block_size
 
         def shape(channel: str, key) -> tuple:
+            if channel in ("actn", "gradn"):  # tables of gradient norms (see runtime/stage.py)
+                return (p, 2)
             return (val[key[1]][0].shape[0], T, d) if channel == "eval" else (micro, T, d)
 
         tied = cfg.model.tie_embeddings and p > 1
@@ -211,8 +213,8 @@ class Worker:
         resend = self._restore(self.part) if self.part is not None else []
         dist.barrier()  # a common start: every report's times count from here
         self.t0 = time.perf_counter()
-        for mb, out in resend:  # in order, before any other activation
-            self.transport.send("act", self.rank, self.rank + 1, mb, out)
+        for mb in resend:  # in order, before any other activation
+            self.ex.resend(mb)
         verdict = self._loop()
         if verdict == "abort":
             raise Ended("abort")
@@ -298,10 +300,10 @@ class Worker:
             entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.rank), part)
         self.board.put(f"part/{step}/{self.rank}", entry)
 
-    def _restore(self, path: str) -> list[tuple[int, torch.Tensor]]:
+    def _restore(self, path: str) -> list[int]:
         """Continue from this stage's part of the checkpoint after ``start`` steps (verified by the
-        driver); returns the activations to send again, those the next stage had not received at
-        the cut (see the module docstring), as (microbatch, output)."""
+        driver); returns the microbatches whose activations to send again, those the next stage had
+        not received at the cut (see the module docstring)."""
         part = torch.load(path, map_location=self.device, weights_only=False)
         if part["step"] != self.start:
             raise RuntimeError(f"stage {self.rank}: {path} holds step {part['step']}, not {self.start}")
@@ -321,7 +323,7 @@ class Worker:
         missing = [mb for mb in range(first, forwarded) if mb not in self.ex.inflight]
         if missing:
             raise RuntimeError(f"stage {self.rank}: microbatches {missing} crossed the cut but are not in flight")
-        return [(mb, self.ex.inflight[mb].out.detach()) for mb in range(first, forwarded)]
+        return list(range(first, forwarded))
 
     def _report(self, step: int) -> None:
         if self.device.type == "cuda":
@@ -332,9 +334,9 @@ class Worker:
             "t_end": end, "eval_s": self.eval_s, "save_s": self.save_s,
             "busy": float("nan") if cuda else self.busy,
             "wait_peer_s": self.transport.wait_s, "wait_driver_s": self.gate_s + self.plan.wait_s,
-            "delays": st.delays, "grad_norm": st.grad_norm, "lr": st.lr, "losses": st.losses,
-            "versions": ex.versions_held(), "inflight": len(ex.inflight),
-            "peak_activations": ex.peak_inflight, "peak_weight_versions": ex.peak_versions,
+            "delays": st.delays, "grad_sq": st.grad_sq, "lr": st.lr, "lr_stage": st.lr_stage, "losses": st.losses,
+            "versions": ex.versions_held(), "inflight": len(ex.inflight), "param_sets": ex.param_sets(),
+            **ex.ledger.report(),
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None,
         })

@@ -50,7 +50,6 @@ class UpdatePolicy:
         if unknown:
             raise ValueError(f"unknown mitigation {sorted(unknown)[0]!r}: use {', '.join(MITIGATIONS)}")
         self.velocity: dict[int, list[torch.Tensor]] = {}  # stage -> update velocity (predict)
-        self.predicted: dict[int, dict[tuple[int, int], list[torch.Tensor]]] = {}
         self.previous_step: dict[int, list[torch.Tensor]] = {}  # stage -> W_t - W_{t-1} (nesterov)
 
     # -- learning rate -----------------------------------------------------------------------
@@ -64,18 +63,30 @@ class UpdatePolicy:
             k -= 1
         return k
 
-    def update_scale(self, stage: int, step: int, phase: str, delay: float) -> tuple[float, float | None]:
-        """(learning-rate scale, momentum override or None) of stage ``stage``'s update of
-        ``step``, whose gradient is ``delay`` steps stale on average."""
-        scale, beta1 = self.base_scale(step), None
+    def schedule_scale(self, step: int, phase: str) -> float:
+        """The learning-rate scale every stage's update of ``step`` shares: warm-up and decay, and
+        in async the phase's own scale and the transition ramp (PipeMare's per-stage rescheduling
+        comes on top, in :meth:`update_scale`)."""
+        scale = self.base_scale(step)
         if phase == SYNC:
-            return scale, None
+            return scale
         scale *= self.c.async_lr_scale
         start = self.async_start(step)
         k = step - start
         if start > 0 and k < self.c.transition_steps:  # a switch from sync into async
             r = self.c.transition_lr_scale
             scale *= r + (1 - r) * k / self.c.transition_steps
+        return scale
+
+    def update_scale(self, stage: int, step: int, phase: str, delay: float) -> tuple[float, float | None]:
+        """(learning-rate scale, momentum override or None) of stage ``stage``'s update of
+        ``step``, whose gradient is ``delay`` steps stale on average."""
+        scale, beta1 = self.schedule_scale(step, phase), None
+        if phase == SYNC:
+            return scale, None
+        start = self.async_start(step)
+        k = step - start
+        if start > 0 and k < self.c.transition_steps:  # a switch from sync into async
             beta1 = self.c.transition_momentum
         if "lr_reschedule" in self.mitigations and delay > 0:
             anneal = 1 - min(k / max(1, self.c.lr_reschedule_steps), 1.0)
@@ -83,17 +94,12 @@ class UpdatePolicy:
         return scale, beta1
 
     # -- weight prediction -------------------------------------------------------------------
-    def predicted_weights(self, ex, version: int, step: int) -> list[torch.Tensor] | None:
-        if "predict" not in self.mitigations or step - version <= 0 or ex.s not in self.velocity:
-            return None
-        d = step - version
-        cache = self.predicted.setdefault(ex.s, {})
-        key = (version, d, ex.live)  # the velocity is the one current at the stage's live version
-        if key not in cache:
-            base = ex.params if version == ex.live else ex.copies[version]
-            u = self.velocity[ex.s]
-            cache[key] = [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
-        return cache[key]
+    @torch.no_grad()
+    def predict(self, stage: int, base: list[torch.Tensor], d: int) -> list[torch.Tensor]:
+        """``W_v + d * u``: the weights ``base`` (version v) extrapolated ``d`` updates ahead with
+        the stage's current velocity (the stage's ledger decides when a prediction is made)."""
+        u = self.velocity[stage]
+        return [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
 
     # -- around an update --------------------------------------------------------------------
     def before_update(self, ex) -> list[torch.Tensor] | None:
@@ -121,7 +127,7 @@ class UpdatePolicy:
             self.velocity[ex.s] = deltas if u is None or b == 0 else [v.mul(b).add_(d, alpha=1 - b) for v, d in zip(u, deltas)]
 
     def stage_state(self, stage: int) -> dict:
-        """What the mitigations remember about a stage (predicted weights are recomputed)."""
+        """What the mitigations remember about a stage."""
         clone = lambda ts: None if ts is None else [t.clone() for t in ts]  # noqa: E731
         return {"velocity": clone(self.velocity.get(stage)), "previous_step": clone(self.previous_step.get(stage))}
 
@@ -131,12 +137,3 @@ class UpdatePolicy:
             table.pop(stage, None)
             if state.get(name) is not None:
                 table[stage] = [t.clone() for t in state[name]]
-        self.predicted.pop(stage, None)
-
-    def release(self, ex, floor: int, held: set[int]) -> None:
-        cache = self.predicted.get(ex.s)
-        if cache:
-            in_use = {id(r.weights) for r in ex.inflight.values()}
-            for key in list(cache):
-                if id(cache[key]) not in in_use and key[2] < ex.live:
-                    del cache[key]

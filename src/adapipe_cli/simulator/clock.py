@@ -24,33 +24,67 @@ from pathlib import Path
 from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action
 
 
+EXTRA_WORK = ("copy", "predict")  # work an action may do besides its own kind (see schedules/ledger.py)
+
+
 @dataclass
 class CostProfile:
-    """Per-stage seconds of one microbatch's forward and backward and of one update, and the bytes
-    of one microbatch's activation (its gradient has the same size)."""
+    """Per-stage seconds of one microbatch's forward and backward, of one update, of one copy of
+    the stage's parameters (``copy``: stashing, shadowing) and of one element-wise pass over them
+    (``predict``: a weight prediction, the velocity's EMA, nesterov's step); the bytes of one
+    microbatch's activation sent to the next stage (its gradient has the same size); and per
+    stage the bytes of one parameter set, of the optimizer state and of one microbatch's saved
+    activations (``memory``, for the memory ledger). A recomputed forward (``weights=latest``)
+    costs ``forward``."""
 
     forward: list[float]
     backward: list[float]
     update: list[float]
     act_bytes: float = 0.0
     meta: dict = field(default_factory=dict)
+    copy: list[float] = field(default_factory=list)
+    predict: list[float] = field(default_factory=list)
+    memory: dict = field(default_factory=dict)  # params / optimizer / activation: lists of bytes per stage
+
+    def __post_init__(self) -> None:
+        p = len(self.forward)
+        for name in EXTRA_WORK:  # a profile without them charges nothing for that work
+            if not getattr(self, name):
+                setattr(self, name, [0.0] * p)
 
     @property
     def stages(self) -> int:
         return len(self.forward)
 
     @classmethod
-    def uniform(cls, stages: int, forward: float = 1.0, backward: float = 2.0, update: float = 0.0, act_bytes: float = 0.0) -> "CostProfile":
-        return cls([forward] * stages, [backward] * stages, [update] * stages, act_bytes)
+    def uniform(cls, stages: int, forward: float = 1.0, backward: float = 2.0, update: float = 0.0, act_bytes: float = 0.0,
+                copy: float = 0.0, predict: float = 0.0) -> "CostProfile":
+        return cls([forward] * stages, [backward] * stages, [update] * stages, act_bytes,
+                   copy=[copy] * stages, predict=[predict] * stages)
 
-    def cost(self, stage: int, kind: str) -> float:
+    def cost(self, stage: int, kind: str, work: dict | None = None) -> float:
+        """Seconds of an action of ``kind`` at ``stage`` that also did ``work`` (the ledger's
+        counts of copies, predictions and recomputed forwards)."""
         if kind == FORWARD:
-            return self.forward[stage]
-        if kind == BACKWARD:
-            return self.backward[stage]
-        if kind == UPDATE:
-            return self.update[stage]
-        return 0.0
+            c = self.forward[stage]
+        elif kind == BACKWARD:
+            c = self.backward[stage]
+        elif kind == UPDATE:
+            c = self.update[stage]
+        else:
+            return 0.0
+        if work:
+            c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
+                  + work.get("recompute", 0) * self.forward[stage])
+        return c
+
+    def stage_bytes(self, stage: int):
+        """The memory ledger's sizes of ``stage`` (zeros where the profile has none)."""
+        from ..schedules.ledger import StageBytes
+
+        m = self.memory
+        get = lambda k: float(m[k][stage]) if m.get(k) else 0.0  # noqa: E731
+        return StageBytes(get("params"), get("optimizer"), get("activation"))
 
     def save(self, path: str | Path) -> None:
         tmp = f"{path}.tmp{os.getpid()}"
@@ -60,7 +94,11 @@ class CostProfile:
     @classmethod
     def load(cls, path: str | Path) -> "CostProfile":
         d = json.loads(Path(path).read_text())
-        return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}))
+        if "copy" not in d or "predict" not in d:
+            raise ValueError(f"cost profile {path} has no cost for weight copies and predictions (it predates them): "
+                             f"measure it again")
+        return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
+                   d.get("copy", []), d.get("predict", []), d.get("memory", {}))
 
 
 @dataclass

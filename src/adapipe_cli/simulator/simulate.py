@@ -1,7 +1,11 @@
 """The simulator: times a schedule's action lists with the pipeline clock, computing nothing.
 
 It reports the steady-state step time, the bubble fraction and utilisation, and per stage the
-peak number of live activations (microbatches in flight) and of weight versions held.
+peaks of the buffer ledger the stage executor also uses (:mod:`..schedules.ledger`): live
+activations (microbatches in flight), weight versions, parameter sets (live, stashed, shadow and
+predicted) and gradient accumulators, and bytes when the profile gives the sizes. Each action
+costs its kind's time plus the extra work the ledger says it did (weight copies, predictions,
+recomputed forwards), exactly as the local runtime's clock charges it.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..runtime.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram, lookahead
+from ..schedules.ledger import Ledger
 from .clock import CostProfile, LinkModel, PipelineClock
 
 
@@ -26,37 +31,36 @@ class SimResult:
     peak_activations: list[int]
     weight_versions: list[int]
     update_end: list[float]  # per step
+    memory: list[dict] = field(default_factory=list)  # per stage: the ledger's peaks (see Ledger.report)
     timeline: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)  # stage, kind, mb, step, start, end
     steady: bool = True  # False: too few steps for a steady state, step_time is the whole run's mean
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
+        d.pop("memory")
         d["per_stage"] = [
-            {"stage": s, "utilization": self.utilization[s], "peak_activations": self.peak_activations[s],
-             "weight_versions": self.weight_versions[s]}
+            {**self.memory[s], "utilization": self.utilization[s], "weight_versions": self.weight_versions[s]}
             for s in range(self.stages)
         ]
         return d
 
 
-def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None, record: bool = True) -> SimResult:
-    """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``."""
+def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None, record: bool = True,
+             mitigations: tuple[str, ...] | list[str] = ()) -> SimResult:
+    """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
+    (``schedule.mitigation``) change the buffers held and the work done."""
     p = spec.stages
     if profile.stages != p:
         raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
     programs = [StageProgram(s, spec, plan) for s in range(p)]
     clock = PipelineClock(p, link, profile.act_bytes)
-    inflight: list[dict[int, int]] = [{} for _ in range(p)]  # mb -> version of its forward
-    in_use: list[dict[int, int]] = [{} for _ in range(p)]  # version -> in-flight microbatches using it
-    live = [0] * p
-    peak_act = [0] * p
-    peak_ver = [1] * p
+    mit = set(mitigations)
+    ledgers = [Ledger(s, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
+                      nbytes=profile.stage_bytes(s)) for s in range(p)]
     arrived: dict[int, set[int]] = {}
     f_done: set[tuple[int, int]] = set()
     b_done: set[tuple[int, int]] = set()
     timeline: list = []
-    costs = [{FORWARD: profile.forward[s], BACKWARD: profile.backward[s], UPDATE: profile.update[s], EVAL: 0.0}
-             for s in range(p)]
 
     def ready(s: int, a: Action) -> bool:
         kind = a.kind
@@ -74,37 +78,25 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
 
     def execute(s: int, a: Action) -> list[int]:
         kind = a.kind
-        start, end = clock.run(s, a, costs[s][kind])
+        led, prog = ledgers[s], programs[s]
+        needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
+        work = led.run(a, prog.floor_version(), needed, mit)
+        start, end = clock.run(s, a, profile.cost(s, kind, work))
         if record and kind != EVAL:
             timeline.append((s, kind, a.mb, a.step, start, end))
         woken: list[int] = []
-        uses = in_use[s]
         if kind == FORWARD:
-            inflight[s][a.mb] = a.version
-            uses[a.version] = uses.get(a.version, 0) + 1
-            if len(inflight[s]) > peak_act[s]:
-                peak_act[s] = len(inflight[s])
             f_done.discard((s - 1, a.mb))
             if s + 1 < p:
                 f_done.add((s, a.mb))
                 woken = [s + 1]
         elif kind == BACKWARD:
-            v = inflight[s].pop(a.mb)
-            if uses[v] == 1:
-                del uses[v]
-            else:
-                uses[v] -= 1
             b_done.discard((s + 1, a.mb))
             if s > 0:
                 b_done.add((s, a.mb))
                 woken = [s - 1]
-        elif kind == UPDATE:
-            live[s] += 1
-            if a.phase == SYNC:
-                woken = list(range(p))
-        held = _versions_held(uses, live[s], programs[s].floor_version())
-        if held > peak_ver[s]:
-            peak_ver[s] = held
+        elif kind == UPDATE and a.phase == SYNC:
+            woken = list(range(p))
         return woken
 
     walk(programs, range(p), lambda s: programs[s].peek() is None, ready, execute)
@@ -113,6 +105,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     makespan = ends[-1] if ends else 0.0
     step_time = _steady_step_time(ends, lookahead(p, spec.microbatches) + 1)
     work = sum(spec.microbatches * (profile.forward[s] + profile.backward[s]) + profile.update[s] for s in range(p))
+    # (the bubble is idle time against the work of a step's own kinds; extra work is not idle)
     bubble = 1.0 - work / (p * step_time) if step_time > 0 else 0.0
     busy = clock.busy
     return SimResult(
@@ -124,22 +117,13 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         bubble_fraction=max(0.0, bubble),
         run_bubble_fraction=1.0 - sum(busy) / (p * makespan) if makespan > 0 else 0.0,
         utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
-        peak_activations=peak_act,
-        weight_versions=peak_ver,
+        peak_activations=[led.peak.activations for led in ledgers],
+        weight_versions=[led.peak.versions for led in ledgers],
         update_end=ends,
+        memory=[led.report() for led in ledgers],
         timeline=timeline,
         steady=all(ph == SYNC for ph in plan.phases[:n]) or n >= min_steady_steps(p, spec.microbatches),
     )
-
-
-def _versions_held(uses: dict[int, int], live: int, floor: int) -> int:
-    """``len({live, *uses, *range(min(floor, live), live)})``: the live version, those of in-flight
-    microbatches and those that pending actions still need; counted without building the set (it
-    would cost O(p) per action at the first stage)."""
-    lo = min(floor, live)
-    if live - lo + 1 <= len(uses):
-        return len(uses) + sum(1 for v in range(lo, live + 1) if v not in uses)
-    return live - lo + 1 + sum(1 for v in uses if not lo <= v <= live)
 
 
 def min_steady_steps(stages: int, microbatches: int) -> int:
@@ -159,7 +143,8 @@ def _steady_step_time(ends: list[float], skip: int) -> float:
     return (ends[hi] - ends[lo]) / (hi - lo)
 
 
-def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel | None = None) -> tuple[float, float, float]:
+def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel | None = None,
+                      mitigations: tuple[str, ...] | list[str] = ()) -> tuple[float, float, float]:
     """(sync step time, async step time, cost of one switch) predicted for ``spec`` with
     ``profile``. The switch cost is half the extra time of a round trip async -> sync -> async
     (a drain and a fill) over what its steps cost in their steady states."""
@@ -167,8 +152,9 @@ def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel 
 
     k = 2 * (lookahead(spec.stages, spec.microbatches) + 2)
     n = 3 * k
-    sync = simulate(spec, Plan(n, [SYNC] * n), profile, link, record=False)
-    asyn = simulate(spec, Plan(n, [ASYNC] * n), profile, link, record=False)
-    trip = simulate(spec, Plan(n, [ASYNC] * k + [SYNC] * k + [ASYNC] * k), profile, link, record=False)
+    sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations)  # noqa: E731
+    sync = sim([SYNC] * n)
+    asyn = sim([ASYNC] * n)
+    trip = sim([ASYNC] * k + [SYNC] * k + [ASYNC] * k)
     extra = trip.makespan - asyn.makespan - k * (sync.step_time - asyn.step_time)
     return sync.step_time, asyn.step_time, max(0.0, extra / 2)

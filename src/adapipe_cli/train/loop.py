@@ -116,7 +116,7 @@ class Trainer:
         self.batches = build.Batches(self.data, t.batch_size, p.microbatches)
         self.link = LinkModel(p.link_latency_s, p.link_bandwidth)
         self.profile = self._profile()
-        sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link)
+        sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link, list(cfg.schedule.mitigation))
         self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
                            lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name})
         try:
@@ -167,7 +167,10 @@ class Trainer:
         saved = self.dir / "profile.json"
         path = p.profile or (saved if self.cfg.train.resume and saved.is_file() else None)  # resume: the same clock
         if path:
-            prof = CostProfile.load(path)
+            try:
+                prof = CostProfile.load(path)
+            except ValueError as e:
+                raise ConfigError(f"pipeline.profile={path}: {e}") from None
             if prof.stages != p.stages:
                 raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
                                   f"use a profile measured for {p.stages} stages")
@@ -404,7 +407,8 @@ class Trainer:
         return {"kind": "step", "step": r.step, "phase": r.phase, "loss": r.loss, "lr": r.lr, "tokens": tokens,
                 "time_s": time_s, "wall_s": wall, "staleness": r.staleness_mean, "staleness_max": r.staleness_max,
                 "bubble": r.bubble, "grad_norm": r.grad_norm, "weight_versions": r.versions_max,
-                "activations": r.inflight_max}
+                "param_sets": r.param_sets_max, "activations": r.inflight_max,
+                **({"lr_stages": r.lr_stages} if r.lr_stages else {})}
 
     def _summary(self, records: list[dict], evals: list[dict], wall: float) -> dict:
         cfg, t = self.cfg, self.cfg.train

@@ -196,6 +196,10 @@ class StageOptimizer:
     def current_lr(self) -> float:
         return self.optimizers[-1].param_groups[0]["lr"] if self.optimizers else 0.0
 
+    def base_lr(self) -> float:
+        """The base learning rate of the group :meth:`current_lr` reports."""
+        return self.optimizers[-1].param_groups[0]["base_lr"] if self.optimizers else 0.0
+
     def state_dict(self) -> list[dict]:
         return [opt.state_dict() for opt in self.optimizers]
 

@@ -178,9 +178,13 @@ def summary_text(name: str, setup: Setup, res) -> str:
     if not res.steady:
         lines.append(f"note: {res.steps} steps are too few to leave out the fill and the drain; "
                      f"use steps={min_steady_steps(spec.stages, spec.microbatches)} or more for the steady state")
-    lines += ["", "stage  utilization  peak activations  weight versions"]
-    lines += [f"{s:>5}  {res.utilization[s]:>11.4f}  {res.peak_activations[s]:>16}  {res.weight_versions[s]:>15}"
-              for s in range(spec.stages)]
+    lines += ["", "stage  utilization  peak activations  weight versions  parameter sets  peak MiB"]
+    for s in range(spec.stages):
+        mem = res.memory[s]
+        mib = f"{mem['peak_bytes'] / 2**20:.3f}" if mem["peak_bytes"] else "-"
+        lines.append(f"{s:>5}  {res.utilization[s]:>11.4f}  {res.peak_activations[s]:>16}  {res.weight_versions[s]:>15}"
+                     f"  {mem['peak_param_sets']:>14}  {mib:>8}")
+    lines.append("(parameter sets: live, stashed and shadow copies, predictions; MiB needs a measured pipeline.profile)")
     return "\n".join(lines)
 
 

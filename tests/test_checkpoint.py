@@ -75,14 +75,28 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
     assert {p.name: p.stat().st_mtime for p in d.rglob("*") if p.name in before} == before  # nothing touched
 
 
-def test_more_steps_than_the_run_started_with_are_refused_saying_how(tmp_path, capsys):
+def test_a_finished_sync_run_with_a_constant_lr_continues_for_more_steps(tmp_path):
+    """Sync (a flush every step) with optim.decay=constant: 6 steps, then resumed to 12, trains what a
+    12-step run trains; the only extra record is the 6-step run's final evaluation."""
+    sync = ["schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=2", "optim.decay=constant"]
+    whole, d = tmp_path / "whole", tmp_path / "run"
+    assert run(whole, *sync, "train.max_steps=12") == 0
+    assert run(d, *sync, "train.max_steps=6", "train.save_final=true", f"pipeline.profile={whole / 'profile.json'}") == 0
+    assert main(["train", f"train.resume={d}", "train.max_steps=12"]) == 0
+    extended = [r for r in records(d) if not (r["kind"] == "eval" and r["step"] == 6)]
+    assert extended == records(whole)
+    assert json.loads((d / "summary.json").read_text())["steps"] == 12
+
+
+def test_more_steps_of_an_async_or_cosine_run_are_refused_saying_how(tmp_path, capsys):
     d = tmp_path / "run"
-    assert run(d, "pipeline.stages=2", "train.max_steps=6", "train.save_final=true") == 0
+    assert run(d, "schedule=pipedream", "pipeline.stages=2", "train.max_steps=6", "train.save_final=true") == 0
     capsys.readouterr()
     before = {p: p.stat().st_mtime for p in d.rglob("*")}
     assert main(["train", f"train.resume={d}", "train.max_steps=12"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "train.max_steps=6 in the checkpoint, 12 now" in err[0], err
+    assert "synchronous schedule (1f1b, gpipe) and optim.decay=constant" in err[0]
     assert "start a new run with train.max_steps=12, or resume with train.max_steps=6" in err[0]
     assert {p: p.stat().st_mtime for p in d.rglob("*")} == before
 

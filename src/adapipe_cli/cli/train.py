@@ -111,13 +111,15 @@ def _check_resume(cfg) -> None:
         folder, manifest = checkpoint.load_latest(Path(cfg.train.resume), warn=lambda m: None)
     except checkpoint.CheckpointError as e:
         fail(str(e))
-    diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(cfg, resolve=True),
-                                         checkpoint.free_keys(manifest))
+    current = OmegaConf.to_container(cfg, resolve=True)
+    diff = checkpoint.config_differences(manifest["config"], current, checkpoint.resume_free_keys(manifest, current))
     if len(diff) == 1 and diff[0].startswith("train.max_steps="):
-        fail(f"checkpoint {folder}: {diff[0]}: a run continues only up to the train.max_steps it started with (its "
-             f"learning-rate schedule and phase plan span them and its pipeline drains at the last step): to train "
-             f"for {cfg.train.max_steps} steps start a new run with train.max_steps={cfg.train.max_steps}, or resume "
-             f"with train.max_steps={manifest['config']['train']['max_steps']}")
+        fail(f"checkpoint {folder}: {diff[0]}: only a run with a synchronous schedule (1f1b, gpipe) and "
+             f"optim.decay=constant can be continued for another number of steps (a cosine decay spans max_steps, an "
+             f"async pipeline drains at the last step): start a new run with train.max_steps={cfg.train.max_steps}, "
+             f"or resume with train.max_steps={manifest['config']['train']['max_steps']}")
+    if cfg.train.max_steps < manifest["step"]:
+        fail(f"checkpoint {folder} is at step {manifest['step']}, beyond train.max_steps={cfg.train.max_steps}")
     if diff:
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
         fail(f"checkpoint {folder} belongs to another configuration: {diff[0]}{more}")

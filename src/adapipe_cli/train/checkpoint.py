@@ -45,6 +45,17 @@ def free_keys(manifest: dict) -> set[str]:
     return FREE_KEYS | LOCATION_KEYS if manifest.get("fingerprints") else FREE_KEYS
 
 
+def resume_free_keys(manifest: dict, current: dict) -> set[str]:
+    """:func:`free_keys`, and ``train.max_steps`` where a run may be continued for more (or fewer)
+    steps: a synchronous schedule (every step ends with a flush, so the state after a step does not
+    depend on the run's length) with a learning rate constant after warm-up (``optim.decay=constant``
+    in both configs; a cosine decay spans max_steps)."""
+    saved = manifest["config"]
+    sync = current["schedule"]["name"] in ("1f1b", "gpipe")
+    constant = saved["optim"]["decay"] == current["optim"]["decay"] == "constant"
+    return free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
+
+
 def stage_part(stage: int) -> str:
     """The name of a distributed run's part holding stage ``stage``'s state."""
     return f"stage-{stage}"

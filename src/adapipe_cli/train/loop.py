@@ -224,6 +224,9 @@ class Trainer:
             if resume:
                 self._restore(*resume)
                 self.console.say(f"adapipe: resumed from {resume[0]} at step {self.st.steps}")
+                # a run continued past its old train.max_steps has not decided the steps after it yet
+                for u in range(self.plan.decided(), min(self.st.steps + self.lag, t.max_steps)):
+                    self._decide(u)
             else:
                 for u in range(min(self.lag, t.max_steps)):
                     self._decide(u)
@@ -383,8 +386,8 @@ class Trainer:
             return None
         checkpoint.clean_partial(self.dir)
         folder, manifest = checkpoint.load_latest(self.dir, warn=self.console.say)
-        diff = checkpoint.config_differences(manifest["config"], OmegaConf.to_container(self.cfg, resolve=True),
-                                             checkpoint.free_keys(manifest))
+        current = OmegaConf.to_container(self.cfg, resolve=True)
+        diff = checkpoint.config_differences(manifest["config"], current, checkpoint.resume_free_keys(manifest, current))
         if diff:
             raise ConfigError(f"checkpoint {folder} belongs to another run: {diff[0]}"
                               + (f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""))

@@ -68,6 +68,9 @@ class PipelineConfig:
     # profile is mostly scheduling noise (and small matrices run slower, not faster)
     threads: int = 1
     order: str = "forward"  # local runtime interleaving of stages: forward | reverse
+    # where the local runtime's stages compute: cpu | cuda | cuda:N | auto (cuda when there is one);
+    # the dist runtime places its ranks itself (pipeline.backend, pipeline.devices)
+    device: str = "cpu"
 
 
 def _schedule_class() -> type:
@@ -165,6 +168,8 @@ class TrainConfig:
     save_final: bool = False
     resume: Optional[str] = None
     progress: str = "auto"  # auto | on | off
+    # fp32 | bf16: bf16 autocast of the forwards, fp32 master weights and optimizer state
+    precision: str = "fp32"
 
 
 @dataclass

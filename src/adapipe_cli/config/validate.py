@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ..adaptive.fixed import parse_plan
+from ..runtime.device import PRECISIONS, DeviceError, resolve_device
 from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import WEIGHT_RULES
 
@@ -63,6 +64,11 @@ def validate(cfg) -> None:
     _need(p.order in ("forward", "reverse"), f"unknown pipeline.order={p.order!r}: use forward or reverse")
     _need(p.profile is None or os.path.isfile(p.profile), f"pipeline.profile={p.profile} does not exist: give a saved profile.json")
     _need(d.eval_tokens >= 1, "data.eval_tokens must be positive")
+    _need(t.precision in PRECISIONS, f"unknown train.precision={t.precision!r}: use fp32 or bf16")
+    try:
+        resolve_device(p.device)
+    except DeviceError as e:
+        raise ConfigError(str(e)) from None
     _check_schedule(cfg)
 
 

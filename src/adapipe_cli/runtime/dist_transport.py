@@ -134,7 +134,8 @@ class DistTransport:
         return self.groups[(channel, min(src, dst))]
 
     def send(self, channel: str, src: int, dst: int, key, tensor: torch.Tensor) -> None:
-        tensor = tensor.contiguous()
+        # (the tables of gradient norms are made on the host; NCCL sends only device tensors)
+        tensor = tensor.to(self.device).contiguous()
         work = dist.isend(tensor, dst, group=self._group(channel, src, dst))
         self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
         self.sends.append((work, tensor))
@@ -165,13 +166,13 @@ class DistTransport:
         pg = None if len(group) == self.p else self.groups["ends"]
         out = []
         for t in tensors:
-            flat = t.reshape(-1).contiguous()
+            flat = t.reshape(-1).to(self.device).contiguous()  # (NCCL: device tensors only)
             parts = [torch.empty_like(flat) for _ in group]
             self._blocking(lambda: dist.all_gather(parts, flat, group=pg))
             acc = parts[0].clone()
             for x in parts[1:]:
                 acc.add_(x)
-            out.append(acc.reshape(t.shape))
+            out.append(acc.reshape(t.shape).to(t.device))
         return out
 
     def _blocking(self, fn: Callable[[], object]) -> None:

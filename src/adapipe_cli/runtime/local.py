@@ -18,6 +18,7 @@ import torch
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..simulator.clock import CostProfile, LinkModel, PipelineClock
+from .device import synchronize
 from .stage import StageExecutor
 from .transport import LocalTransport
 from .walk import walk
@@ -69,6 +70,8 @@ class LocalRuntime:
         order: str = "forward",
         eval_at=None,
         val_batches=None,
+        precision: str = "fp32",
+        device: torch.device | None = None,
     ):
         self.p, self.m = spec.stages, spec.microbatches
         self.plan, self.spec = plan, spec
@@ -77,10 +80,11 @@ class LocalRuntime:
         self.executors = [
             StageExecutor(s, self.p, self.m, stages[s], optimizers[s], self.transport, batch, policy,
                           self.programs[s], grad_clip=grad_clip, seed=seed, tied=tied,
-                          nbytes=profile.stage_bytes(s) if profile else None)
+                          nbytes=profile.stage_bytes(s) if profile else None, precision=precision)
             for s in range(self.p)
         ]
         self.profile = profile  # None: each action's measured duration is its cost
+        self.device = device or torch.device("cpu")  # every stage's; tensors pass between stages as they are
         self.clock = PipelineClock(self.p, link, profile.act_bytes if profile else 0.0)
         self.updated = [-1] * self.p  # last step each stage has updated
         self.arrived: set[tuple[int, int]] = set()
@@ -122,9 +126,14 @@ class LocalRuntime:
         return self.executors[s].ready(a)
 
     def _execute(self, s: int, a: Action) -> list[int]:
+        measured = self.profile is None
+        if measured:
+            synchronize(self.device)  # (CUDA runs kernels asynchronously: time the action's own)
         t0 = time.perf_counter()
         work = self.executors[s].run(a)
-        cost = time.perf_counter() - t0 if self.profile is None else self.profile.cost(s, a.kind, work)
+        if measured:
+            synchronize(self.device)
+        cost = time.perf_counter() - t0 if measured else self.profile.cost(s, a.kind, work)
         self.clock.run(s, a, cost)
         if a.kind == UPDATE:
             self.updated[s] = a.step
@@ -174,7 +183,7 @@ class LocalRuntime:
             h = x
             for ex in self.executors:
                 h = ex.eval_forward(ex.live, h)
-            total += lm_loss(h, y).item()
+            total += lm_loss(h.float(), y).item()
         return total / len(batches)
 
     # -- state ---------------------------------------------------------------------------------
@@ -196,7 +205,7 @@ class LocalRuntime:
         self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
         for ex, prog, st in zip(self.executors, self.programs, state["stages"]):
             ex.load_state_dict(st, prog)
-        self.transport.box = {tuple(k): v.clone() for k, v in state["messages"].items()}
+        self.transport.box = {tuple(k): v.to(self.device).clone() for k, v in state["messages"].items()}
         self.transport.reductions.clear()
         self.transport.taken.clear()
         self.clock.load_state_dict(state["clock"])

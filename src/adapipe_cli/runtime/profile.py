@@ -12,6 +12,10 @@ by more than :data:`SPREAD_LIMIT` (spread = max/min - 1), the load lasted throug
 the profile cannot be trusted: one warning line says so (measured with at least
 :data:`MIN_ROUNDS` rounds per pass). The spreads are stored in the profile's
 ``meta["spread"]``.
+
+Everything is measured as the run computes: on its device (on CUDA each piece of work is timed
+with CUDA events, synchronised, so the clock is in GPU seconds) and in its precision (the forwards
+under the same autocast, so bf16's times and its saved activations' bytes are bf16's).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import torch
 from ..model import GPTStage, lm_loss
 from ..simulator.clock import CostProfile
 from ..train.optim import StageOptimizer
+from .device import EventTimer, autocast
 
 PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
@@ -45,6 +50,9 @@ class Work:
 
     def __call__(self, timer: Callable[[], float]) -> float:
         arg = self.setup() if self.setup is not None else None
+        span = getattr(timer, "span", None)  # a device's own timer (CUDA events)
+        if span is not None:
+            return span(lambda: self.run(arg) if self.setup is not None else self.run())
         t0 = timer()
         self.run(arg) if self.setup is not None else self.run()
         return timer() - t0
@@ -74,20 +82,22 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
 
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
-               targets: torch.Tensor) -> tuple[dict[str, Work], float]:
+               targets: torch.Tensor, precision: str = "fp32") -> tuple[dict[str, Work], float]:
     """The forward, backward and update of a copy of ``stage`` on one microbatch, one copy of its
     parameters (a stash or a shadow) and one element-wise pass ``w + d * u`` over them (a
     prediction; the velocity's EMA and nesterov's step are passes of the same size), as
-    :class:`Work` for :func:`time_interleaved`, and the bytes of one microbatch's activation."""
+    :class:`Work` for :func:`time_interleaved`, and the bytes of one microbatch's activation (sent
+    in fp32 whatever the precision)."""
     st = copy.deepcopy(stage)
     opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())
     rows, seq = tokens.shape
-    x = tokens if st.first else torch.randn(rows, seq, st.cfg.d_model, requires_grad=True)
+    x = tokens if st.first else _stage_input(tokens, st.cfg.d_model)
 
     def fwd():
-        out = st(x)
-        return lm_loss(out, targets) if st.last else out
+        with autocast(tokens.device, precision):
+            out = st(x)
+        return lm_loss(out.float(), targets) if st.last else out
 
     grad = None if st.last else torch.randn_like(fwd())
     inputs = params if st.first else [x, *params]
@@ -108,12 +118,26 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     return work, float(rows * seq * st.cfg.d_model * 4)
 
 
+def _stage_input(tokens: torch.Tensor, d_model: int) -> torch.Tensor:
+    """A random activation entering a stage, drawn on the CPU (whose random state is restored
+    afterwards) and moved to the tokens' device."""
+    rows, seq = tokens.shape
+    return torch.randn(rows, seq, d_model).to(tokens.device).requires_grad_(True)
+
+
+def device_timer(tokens: torch.Tensor, timer: Callable[[], float]) -> Callable[[], float]:
+    """CUDA events on a CUDA device (unless a test gave its own clock), else ``timer``."""
+    return EventTimer(tokens.device) if tokens.device.type == "cuda" and timer is time.perf_counter else timer
+
+
 def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                   targets: torch.Tensor, reps: int,
-                  timer: Callable[[], float] = time.perf_counter) -> tuple[float, float, float, float, dict]:
+                  timer: Callable[[], float] = time.perf_counter,
+                  precision: str = "fp32") -> tuple[float, float, float, float, dict]:
     """(forward s, backward s, update s, activation bytes, {kind: spread}) of one stage on one
     microbatch, by :func:`time_interleaved` over ``reps`` rounds per pass."""
-    work, act_bytes = stage_work(stage, make_optimizer, tokens, targets)
+    timer = device_timer(tokens, timer)
+    work, act_bytes = stage_work(stage, make_optimizer, tokens, targets, precision)
     t = time_interleaved({k: work[k] for k in ("forward", "backward", "update")}, reps, timer=timer)
     return t["forward"][0], t["backward"][0], t["update"][0], act_bytes, {k: t[k][1] for k in t}
 
@@ -138,19 +162,21 @@ def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]]) -> s
 def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                     targets: torch.Tensor, reps: int = 5, meta: dict | None = None,
                     timer: Callable[[], float] = time.perf_counter,
-                    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> CostProfile:
+                    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+                    precision: str = "fp32") -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`)."""
     state = torch.random.get_rng_state()
+    timer = device_timer(tokens, timer)
     try:
         work, act_bytes = {}, 0.0
         for s, stage in enumerate(stages):
-            w, b = stage_work(stage, make_optimizer, tokens, targets)
+            w, b = stage_work(stage, make_optimizer, tokens, targets, precision)
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer)
-        mem = [stage_memory(stage, make_optimizer, tokens, targets) for stage in stages]
+        mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
     finally:
         torch.random.set_rng_state(state)
     times = {kind: [t[(s, kind)][0] for s in range(len(stages))] for kind in KINDS}
@@ -164,10 +190,13 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory)
 
-def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor, targets: torch.Tensor) -> dict:
+def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
+                 targets: torch.Tensor, precision: str = "fp32") -> dict:
     """Bytes of one parameter set, of the optimizer state (after one update) and of what autograd
     saves for the backward of one microbatch (counted with saved-tensor hooks; a tensor saved
-    twice counts once)."""
+    twice counts once), in the dtypes held: under bf16 autocast the saved activations are mostly
+    bf16, and the bf16 casts of the weights a forward makes are saved with its graph (per
+    microbatch: each forward enters autocast anew), so they count as activation bytes."""
     st = copy.deepcopy(stage)
     params = list(st.parameters())
     nbytes = lambda ts: float(sum(t.numel() * t.element_size() for t in ts))  # noqa: E731
@@ -176,7 +205,7 @@ def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimize
         p.grad = torch.zeros_like(p)
     opt.step(0.0)
     state = [v for o in opt.optimizers for s in o.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
-    x = tokens if st.first else torch.randn(tokens.shape[0], tokens.shape[1], st.cfg.d_model, requires_grad=True)
+    x = tokens if st.first else _stage_input(tokens, st.cfg.d_model)
     ids = {id(p) for p in params} | {id(x)}
     saved: dict[int, int] = {}
 
@@ -186,7 +215,8 @@ def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimize
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = st(x)
+        with autocast(tokens.device, precision):
+            out = st(x)
         if st.last:
-            lm_loss(out, targets)
+            lm_loss(out.float(), targets)
     return {"params": nbytes(params), "optimizer": nbytes(state), "activation": float(sum(saved.values()))}

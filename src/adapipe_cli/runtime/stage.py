@@ -19,6 +19,11 @@ with every activation and gradient message of the async stream (a stage's table 
 squared norm)`` per stage, merged by newest step). Downstream stages' entries are of the same step
 (their backward of the step's last microbatch comes first); upstream ones are older. A stage not
 heard from yet counts as much as the stage's own. With one stage both rules are the same.
+
+Precision (``precision="bf16"``): every forward (training, a backward's recompute, a refill,
+evaluation) runs under bf16 autocast; the backward differentiates the graph outside autocast.
+What travels between stages is fp32 (activations cast up before sending, received gradients cast
+to the output's dtype), so the transports and their fp32 receive buffers do not depend on it.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from ..model import GPTStage, lm_loss
 from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
 from ..schedules.ledger import LIVE, Ledger, StageBytes
 from ..train.optim import StageOptimizer
+from .device import autocast
 from .transport import Transport
 
 
@@ -62,6 +68,19 @@ class StepStats:
     lr_stage: float = float("nan")  # this stage's own, after PipeMare rescheduling
 
 
+def to_device(obj, device: torch.device):
+    """``obj`` (tensors in dicts, lists and tuples) with every tensor on ``device`` (a tensor already
+    there is returned as it is)."""
+    if torch.is_tensor(obj):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [to_device(v, device) for v in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)  # (named tuples)
+    return obj
+
+
 class StageExecutor:
     """Executes the actions of stage ``index`` of ``stages``.
 
@@ -85,12 +104,14 @@ class StageExecutor:
         seed: int = 0,
         tied: bool = False,
         nbytes: StageBytes | None = None,
+        precision: str = "fp32",
     ) -> None:
         self.s, self.p, self.m = index, stages, microbatches
         self.first, self.last = index == 0, index == stages - 1
         self.module, self.opt, self.transport = module, optimizer, transport
         self.batch, self.policy, self.program = batch, policy, program
         self.grad_clip, self.seed = grad_clip, seed
+        self.precision = precision
         # tied embeddings across first and last stage: the two copies' gradients are summed
         self.tied = tied and stages > 1 and (self.first or self.last)
         named = list(module.named_parameters())
@@ -237,9 +258,15 @@ class StageExecutor:
         return self._call_plain(x, weights)
 
     def _call_plain(self, x: torch.Tensor, weights: list[torch.Tensor] | None) -> torch.Tensor:
-        if weights is None:
-            return self.module(x)
-        return functional_call(self.module, dict(zip(self.names, weights)), (x,), tie_weights=False)
+        with autocast(x.device, self.precision):
+            if weights is None:
+                return self.module(x)
+            return functional_call(self.module, dict(zip(self.names, weights)), (x,), tie_weights=False)
+
+    @staticmethod
+    def _loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss in fp32 whatever the logits' dtype (bf16 under autocast; fp32: no-op cast)."""
+        return lm_loss(out.float(), targets)
 
     def _input(self, a: Action) -> torch.Tensor:
         if self.first:
@@ -274,12 +301,12 @@ class StageExecutor:
         st = self.stats.setdefault(a.step, StepStats())
         st.delays.append(a.step - a.version)
         if self.last:
-            loss = lm_loss(out, self.batch(a.step, a.mb % self.m)[1])
+            loss = self._loss(out, self.batch(a.step, a.mb % self.m)[1])
             st.losses.append(loss.item())
             out = loss / self.m  # the step's gradient is the mean over its microbatches
         table = None
         if not self.last:
-            self.transport.send("act", self.s, self.s + 1, a.mb, out.detach())
+            self.transport.send("act", self.s, self.s + 1, a.mb, out.detach().float())
             table = self._tell("actn", self.s + 1, a)
         self.inflight[a.mb] = InFlight(a, a.version, w, x, out, table)
 
@@ -287,7 +314,7 @@ class StageExecutor:
         """Send in-flight microbatch ``mb``'s activation (and its table of norms) again: a resumed
         distributed run's next stage had not received it at the cut."""
         rec = self.inflight[mb]
-        self.transport.send("act", self.s, self.s + 1, mb, rec.out.detach())
+        self.transport.send("act", self.s, self.s + 1, mb, rec.out.detach().float())
         if rec.table is not None:
             self.transport.send("actn", self.s, self.s + 1, mb, rec.table)
 
@@ -304,7 +331,9 @@ class StageExecutor:
             x = x.detach().requires_grad_(not self.first)
             out = self._call(x, w, a.mb)
             if self.last:
-                out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
+                out = self._loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
+        if grad_out is not None:
+            grad_out = grad_out.to(out.dtype)  # sent in fp32; the output may be bf16
         params = self.params if w is None else w
         inputs = params if self.first else [x, *params]
         grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
@@ -376,9 +405,9 @@ class StageExecutor:
             h = x if self.first else self.transport.recv("eval", self.s - 1, self.s, (a.version, i))
             out = self.eval_forward(a.version, h)
             if self.last:
-                losses.append(lm_loss(out, y).item())
+                losses.append(self._loss(out, y).item())
             else:
-                self.transport.send("eval", self.s, self.s + 1, (a.version, i), out)
+                self.transport.send("eval", self.s, self.s + 1, (a.version, i), out.float())
         if self.last:
             self.eval_losses[a.version] = losses
 
@@ -440,6 +469,9 @@ class StageExecutor:
         which is fast-forwarded to the saved position. Stale collective bookkeeping is dropped."""
         if state["stage"] != self.s or len(state["params"]) != len(self.params):
             raise ValueError(f"state of stage {state['stage']} does not fit stage {self.s}")
+        # a state saved on another device (a GPU run resumed on the CPU, or back): the optimizer
+        # moves its own state to the parameters' device, the rest is moved here
+        state = {k: v if k == "optimizer" else to_device(v, self.params[0].device) for k, v in state.items()}
         with torch.no_grad():
             for p, v in zip(self.params, state["params"]):
                 p.copy_(v)
@@ -466,5 +498,5 @@ class StageExecutor:
         x = x.clone() if self.first else x.clone().requires_grad_(True)
         out = self._call(x, w, a.mb)
         if self.last:
-            out = lm_loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
+            out = self._loss(out, self.batch(a.step, a.mb % self.m)[1]) / self.m
         self.inflight[a.mb] = InFlight(a, a.version, w, x, out, table)

@@ -196,7 +196,8 @@ class Worker:
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
         self.program = StageProgram(rank, choice.spec, self.plan, self.eval_at)
         self.ex = StageExecutor(rank, p, m, module, opt, self.transport, batch, build.make_policy(cfg, self.plan),
-                                self.program, grad_clip=cfg.optim.grad_clip, seed=cfg.seed, tied=tied)
+                                self.program, grad_clip=cfg.optim.grad_clip, seed=cfg.seed, tied=tied,
+                                precision=cfg.train.get("precision", "fp32"))
         self.ex.val = val
         self.order = EvalOrder(self.program, self.eval_at)
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)

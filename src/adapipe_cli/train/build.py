@@ -11,6 +11,7 @@ import torch
 
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..model import GPTConfig, build_stages, partition
+from ..runtime.device import resolve_device
 from ..runtime.profile import measure_profile
 from ..schedules import ASYNC, SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.mitigations import UpdatePolicy
@@ -47,12 +48,15 @@ def stage_bounds(cfg, gcfg: GPTConfig) -> list[tuple[int, int]]:
     return partition(gcfg, cfg.pipeline.stages, cfg.pipeline.partition)
 
 
-def make_stages(cfg, gcfg: GPTConfig, which: list[int] | None = None):
-    """The stage modules (all, or only those in ``which``) and their optimizers."""
+def make_stages(cfg, gcfg: GPTConfig, which: list[int] | None = None, device: torch.device | None = None):
+    """The stage modules (all, or only those in ``which``), on ``device`` (None: the CPU), and
+    their optimizers (made after the move, so that their state is born on the device)."""
     bounds = stage_bounds(cfg, gcfg)
     stages = build_stages(gcfg, bounds, cfg.seed)
     if which is not None:
         stages = [stages[i] for i in which]
+    if device is not None and device.type != "cpu":
+        stages = [st.to(device) for st in stages]
     return stages, [StageOptimizer(list(st.named_parameters()), cfg.optim) for st in stages]
 
 
@@ -73,11 +77,13 @@ def profile_meta(cfg, microbatch_size: int) -> dict:
     return {"model": m.name, "stages": cfg.pipeline.stages, "microbatch_size": int(microbatch_size),
             "seq_len": m.block_size, "optimizer": cfg.optim.name,
             "model_shape": {"n_layer": m.n_layer, "n_head": m.n_head, "d_model": m.d_model, "d_ff": m.d_ff},
-            "partition": cfg.pipeline.partition, "threads": torch.get_num_threads()}
+            "partition": cfg.pipeline.partition, "threads": torch.get_num_threads(),
+            "precision": cfg.train.precision, "device": str(resolve_device(cfg.pipeline.device))}
 
 
-# the entries of a profile's meta that decide whether it fits a run (threads only changes its speed)
-FITTING = ("model", "model_shape", "stages", "microbatch_size", "seq_len", "optimizer", "partition")
+# the entries of a profile's meta that decide whether it fits a run (threads and the device only
+# change its speed, and a checkpoint may resume on another device with its own run's clock)
+FITTING = ("model", "model_shape", "stages", "microbatch_size", "seq_len", "optimizer", "partition", "precision")
 
 
 def profile_mismatch(meta: dict, expected: dict) -> str | None:
@@ -100,16 +106,18 @@ def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor):
     """The cost profile of ``stages`` on the microbatch (x, y), labelled with what it was measured
     for (a run measures its own; a sweep measures one per depth and gives it to every run)."""
     return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
-                           reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])))
+                           reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])),
+                           precision=cfg.train.precision)
 
 
 class Batches:
     """``batch(step, i)``: microbatch ``i`` of step ``step``, rows ``i*b/m .. (i+1)*b/m`` of the
-    step's batch. Recent steps' batches are cached (the first stage reads inputs, the last
-    targets, each once per microbatch)."""
+    step's batch, on ``device`` (None: where the data makes them). Recent steps' batches are
+    cached (the first stage reads inputs, the last targets, each once per microbatch)."""
 
-    def __init__(self, data, batch_size: int, microbatches: int, keep: int = 8):
+    def __init__(self, data, batch_size: int, microbatches: int, keep: int = 8, device: torch.device | None = None):
         self.data, self.b, self.m = data, batch_size, microbatches
+        self.device = None if device is None or device.type == "cpu" else device
         self.mb = batch_size // microbatches
         self.keep = keep
         self.cache: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -118,6 +126,8 @@ class Batches:
         xy = self.cache.get(step)
         if xy is None:
             xy = self.data.train_batch(step, self.b)
+            if self.device is not None:
+                xy = tuple(z.to(self.device) for z in xy)
             self.cache[step] = xy
             if len(self.cache) > self.keep:
                 self.cache.popitem(last=False)

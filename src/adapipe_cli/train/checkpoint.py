@@ -34,6 +34,9 @@ FREE_KEYS = {
     "train.keep_checkpoints", "train.save_final", "train.resume", "train.progress",
     "pipeline.timeout_s", "pipeline.order", "pipeline.backend",
     "pipeline.devices", "pipeline.profile_reps", "data.cache_dir",
+    # the local runtime's device: a GPU run may go on on the CPU and back (its rounding changes,
+    # like another thread count's, but moving a run is what the key is for)
+    "pipeline.device",
 }
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
@@ -177,7 +180,9 @@ def verify(folder: Path) -> dict:
 
 
 def read_part(folder: Path, manifest: dict, name: str):
-    return torch.load(folder / manifest["parts"][name]["file"], weights_only=False)
+    """A part's objects, loaded onto the CPU wherever they were saved (a GPU run's checkpoint loads
+    on a machine without one; the runtime moves its state to its own device)."""
+    return torch.load(folder / manifest["parts"][name]["file"], map_location="cpu", weights_only=False)
 
 
 def load_latest(run_dir: Path, warn=print) -> tuple[Path, dict]:

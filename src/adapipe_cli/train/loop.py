@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 from ..adaptive.base import Context, Decision, Observation
 from ..config.validate import ConfigError, validate
 from ..data import DataError, build_data
+from ..runtime.device import resolve_device
 from ..runtime.local import LocalRuntime, StepResult
 from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
@@ -112,8 +113,10 @@ class Trainer:
             raise ConfigError(str(e)) from None
         self.plan = Plan(t.max_steps)
         self.lag = build.decision_lag(cfg)
-        self.stages, self.optimizers = build.make_stages(cfg, self.gcfg)
-        self.batches = build.Batches(self.data, t.batch_size, p.microbatches)
+        # the local runtime's device (the dist runtime's workers place their own stages)
+        self.device = resolve_device(p.device) if runtime_kind(cfg) == "local" else torch.device("cpu")
+        self.stages, self.optimizers = build.make_stages(cfg, self.gcfg, device=self.device)
+        self.batches = build.Batches(self.data, t.batch_size, p.microbatches, device=self.device)
         self.link = LinkModel(p.link_latency_s, p.link_bandwidth)
         self.profile = self._profile()
         sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link, list(cfg.schedule.mitigation))
@@ -124,7 +127,7 @@ class Trainer:
         except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)
             raise ConfigError(str(e)) from None
         self.policy = build.make_policy(cfg, self.plan)
-        self.val = self.data.val_batches(self.micro)
+        self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         self.tokens_per_step = t.batch_size * cfg.model.block_size
         self.runtime = self._make_runtime()
         self.signal = self._signal_batch()
@@ -144,7 +147,7 @@ class Trainer:
             return None
         rows = max(1, h.signal_tokens // self.cfg.model.block_size)
         x, y = self.data.val_batches(rows)[0]
-        return [(x, y)]
+        return [(x.to(self.device), y.to(self.device))]
 
     def _make_runtime(self):
         """The local runtime, or the distributed one (``pipeline.runtime=dist``, or ``auto`` with a
@@ -157,7 +160,8 @@ class Trainer:
         return LocalRuntime(
             self.stages, self.optimizers, self.choice.spec, self.plan, self.policy, self.batches,
             self.profile if p.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
-            cfg.model.tie_embeddings, p.order, self.eval_at, self.val)
+            cfg.model.tie_embeddings, p.order, self.eval_at, self.val,
+            precision=cfg.train.precision, device=self.device)
 
     def _profile(self) -> CostProfile:
         """The run's cost profile: ``pipeline.profile``, a resumed run's own, or measured now; refused

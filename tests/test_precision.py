@@ -1,0 +1,147 @@
+"""train.precision=bf16 on the CPU: autocast forwards, fp32 master weights, exact resume; and
+pipeline.device errors. (CUDA itself: tests/test_cuda.py, skipped without a GPU.)"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from adapipe_cli.cli.main import main
+from adapipe_cli.model import build_full_model, build_stages, lm_loss, partition
+from adapipe_cli.runtime.profile import stage_memory
+from adapipe_cli.schedules import ASYNC, SYNC
+from adapipe_cli.train import checkpoint
+from adapipe_cli.train.optim import StageOptimizer, lr_factor
+from conftest import TINY
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, run_losses, sched_cfg
+
+# bf16 matrix products are ~35x slower than fp32 on CPUs without bf16 units: few, tiny steps
+PIPE = ["pipeline.stages=2", "pipeline.microbatches=2"]
+# bf16 keeps 8 bits of mantissa: over 20 steps of the tiny model its training losses stay within
+# 1% of fp32's (measured: within 0.01%)
+BF16_REL_TOL = 0.01
+
+
+def records(run_dir, kind="step"):
+    return [{k: v for k, v in json.loads(x).items() if k != "wall_s"}
+            for x in (run_dir / "metrics.jsonl").read_text().splitlines() if json.loads(x)["kind"] == kind]
+
+
+def run(run_dir, *overrides):
+    return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
+
+
+def reference_bf16(data, m, steps, clip=1.0):
+    """Single-process gradient accumulation with the forward under bf16 autocast, fp32 weights."""
+    model = build_full_model(GCFG, seed=0)
+    named = list(model.named_parameters())
+    opt = StageOptimizer(named, optim_cfg(grad_clip=clip))
+    losses, mb = [], B // m
+    for t in range(steps):
+        x, y = data[t]
+        total = 0.0
+        for i in range(m):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(x[i * mb:(i + 1) * mb])
+            loss = lm_loss(out.float(), y[i * mb:(i + 1) * mb])
+            (loss / m).backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_([p for _, p in named], clip)
+        opt.step(lr_factor(t, 2, steps, 0.1))
+        losses.append(total / m)
+    return losses
+
+
+def test_bf16_pipeline_equals_single_process_bf16_autocast():
+    data = make_data(4)
+    ref = reference_bf16(data, 2, 4)
+    got = run_losses(local_runtime(2, 2, [SYNC] * 4, data, precision="bf16"), 4)
+    assert got == pytest.approx(ref, rel=1e-6)
+    fp32 = run_losses(local_runtime(2, 2, [SYNC] * 4, data), 4)
+    assert got != fp32  # bf16 did compute in bf16
+
+
+def test_bf16_losses_stay_within_tolerance_of_fp32_over_20_steps(tmp_path):
+    losses = {}
+    for prec in ("fp32", "bf16"):
+        assert run(tmp_path / prec, *PIPE, "schedule=1f1b", "train.max_steps=20", f"train.precision={prec}") == 0
+        losses[prec] = [r["loss"] for r in records(tmp_path / prec)]
+    f, b = losses["fp32"], losses["bf16"]
+    assert len(f) == len(b) == 20
+    assert f[-1] < f[0] - 0.2  # it trained
+    assert b != f
+    assert all(abs(x - y) <= BF16_REL_TOL * y for x, y in zip(b, f)), (b, f)
+
+
+def test_master_weights_copies_and_optimizer_state_stay_fp32():
+    """Stashes, predictions and the optimizer's moments are fp32 copies, whatever the compute dtype."""
+    data = make_data(4)
+    rt = local_runtime(4, 2, [ASYNC] * 4, data, scfg=sched_cfg(mitigation=["predict"]), precision="bf16")
+    run_losses(rt, 3)
+    assert any(ex.copies or ex.predicted for ex in rt.executors)  # async with prediction holds copies
+    for ex in rt.executors:
+        held = [*ex.params, *(t for w in ex.copies.values() for t in w), *(t for w in ex.predicted.values() for t in w),
+                *(t for g in ex.grads.values() for t in g)]
+        held += [v for o in ex.opt.optimizers for s in o.state.values() for v in s.values()
+                 if torch.is_tensor(v) and v.dim() > 0]
+        assert held and all(t.dtype == torch.float32 for t in held)
+
+
+def test_ledger_counts_saved_activations_in_bf16():
+    stages = build_stages(GCFG, partition(GCFG, 2), 0)
+    x, y = make_data(1)[0]
+    make_opt = lambda named: StageOptimizer(named, optim_cfg())  # noqa: E731
+    for st in stages:
+        f, b = (stage_memory(st, make_opt, x, y, prec) for prec in ("fp32", "bf16"))
+        n = sum(p.numel() for p in st.parameters())
+        assert f["params"] == b["params"] == 4 * n  # fp32 master weights
+        assert f["optimizer"] == b["optimizer"] == 2 * 4 * n  # AdamW's two fp32 moments
+        assert b["activation"] < f["activation"]
+
+
+def test_bf16_checkpoint_resumes_exactly(tmp_path):
+    mixed = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,3],[async,null]]", *PIPE,
+             "schedule.mitigation=[predict]", "train.precision=bf16"]
+    whole = tmp_path / "whole"
+    assert run(whole, *mixed, "train.max_steps=8", "train.checkpoint_every=4", "train.keep_checkpoints=4") == 0
+    cut = tmp_path / "cut"
+    shutil.copytree(whole, cut)
+    for folder in checkpoint.complete(cut):
+        if int(folder.name.split("-")[1]) > 4:
+            shutil.rmtree(folder)
+    (cut / "summary.json").unlink()
+    assert main(["train", f"train.resume={cut}"]) == 0
+    assert records(cut, "step") == records(whole, "step") and records(cut, "eval") == records(whole, "eval")
+
+
+def test_a_resume_in_another_precision_is_refused(tmp_path, capsys):
+    d = tmp_path / "r"
+    assert run(d, *PIPE, "train.max_steps=2", "train.save_final=true") == 0
+    capsys.readouterr()
+    assert main(["train", f"train.resume={d}", "train.precision=bf16"]) == 2
+    assert "train.precision" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device, says", [
+    ("tpu", "unknown pipeline.device='tpu': use cpu, cuda, cuda:N or auto"),
+    ("cuda:x", "unknown pipeline.device='cuda:x'"),
+    ("cuda:7", "pipeline.device=cuda:7"),
+])
+def test_device_errors_are_one_line_and_exit_2(tmp_path, capsys, device, says):
+    if device == "cuda:7" and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    assert run(tmp_path / "r", f"pipeline.device={device}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0] and "Traceback" not in err[0]
+    assert not (tmp_path / "r").exists()  # a refused run leaves nothing behind
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="auto is cuda on this machine")
+def test_auto_without_cuda_is_the_cpu_run(tmp_path):
+    assert run(tmp_path / "cpu", "train.max_steps=3") == 0
+    prof = str(tmp_path / "cpu" / "profile.json")  # the same clock, so time_s compares too
+    assert run(tmp_path / "auto", "train.max_steps=3", "pipeline.device=auto", f"pipeline.profile={prof}") == 0
+    assert records(tmp_path / "auto") == records(tmp_path / "cpu")

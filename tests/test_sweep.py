@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from adapipe_cli.cli.compose import compose_config
 from adapipe_cli.cli.main import main
@@ -22,7 +23,7 @@ from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
-         "cpu-adamw": (2, 2, 3, 3), "cpu-muon": (2, 2, 3, 5)}
+         "cpu-adamw": (2, 2, 3, 3), "cpu-muon": (2, 2, 3, 5), "gpu1": (2, 2, 3, 1)}
 
 
 @pytest.mark.parametrize("name", list(GRIDS))
@@ -38,7 +39,10 @@ def test_shipped_grids_compose_into_their_cells(name):
     deepest = [c for c in cells if c.stages == max(grid.cfg.stages) and c.microbatches == max(grid.cfg.microbatches)
                and c.seed == grid.cfg.seeds[0]]
     for cell in deepest:
-        cfg = compose_config(grid.overrides(cell, target=None if grid.cfg.target.rule == "fixed" else 50.0))
+        overrides = grid.overrides(cell, target=None if grid.cfg.target.rule == "fixed" else 50.0)
+        if name == "gpu1" and not torch.cuda.is_available():  # validating checks that the device exists
+            overrides = [*overrides, "pipeline.device=cpu"]
+        cfg = compose_config(overrides)
         validate(cfg)
         assert (cfg.pipeline.stages, cfg.train.batch_size, cfg.seed) == (cell.stages, cell.batch_size, cell.seed)
     assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == "goodput"
@@ -51,6 +55,10 @@ def test_shipped_grids_compose_into_their_cells(name):
         assert cfg.train.max_steps == 2 * sync.train.max_steps and sync.schedule.name == "1f1b"
     if name == "gpu":
         assert cfg.pipeline.runtime == "dist" and cfg.model.name == "gpt2-small" and not grid.cfg.profile
+    if name == "gpu1":  # one GPU: the local runtime on it, in bf16, a profile shared per depth
+        assert "pipeline.device=cuda" in overrides and cfg.pipeline.runtime == "local" and grid.cfg.profile
+        assert cfg.model.name == "gpt2-small" and cfg.train.precision == "bf16" and grid.cfg.jobs == 1
+        assert cfg.data.name == "tinyshakespeare" and cfg.data.path.endswith(os.path.join("shared", "data", "tinyshakespeare"))
 
 
 def test_grid_overrides_and_checks(monkeypatch, tmp_path):
@@ -71,7 +79,7 @@ def test_grid_overrides_and_checks(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["sweep", "sweep=nope"], "unknown sweep 'nope': choose one of cpu, cpu-adamw, cpu-muon, gpu, smoke"),
+    (["sweep", "sweep=nope"], "unknown sweep 'nope': choose one of cpu, cpu-adamw, cpu-muon, gpu, gpu1, smoke"),
     (["sweep"], "adapipe sweep sweep=NAME"),
     (["sweep", "sweep=smoke", "pipeline.stages=2"], "use sweep.stages"),
     (["sweep", "sweep=smoke", "sweep.stagez=[2]"], "unknown config key 'sweep.stagez'"),

@@ -148,12 +148,14 @@ RUN = [*TINY, "pipeline.runtime=dist", "pipeline.stages=3", "pipeline.microbatch
 class Run:
     """``adapipe train`` in a subprocess, watched: its process tree and its progress."""
 
-    def __init__(self, tmp_path, *overrides, fault: str | None = None):
+    def __init__(self, tmp_path, *overrides, fault: str | None = None, session: bool = False):
         self.dir = tmp_path / "run"
         env = dict(ENV, ADAPIPE_FAULT=fault) if fault else ENV
         exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+        # session: its own process group, which a signal to the group (a terminal's Ctrl-C) reaches
         self.proc = subprocess.Popen([exe, "train", *RUN, *overrides, f"hydra.run.dir={self.dir}"], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=session)
         self.seen: set[int] = set()
 
     def steps(self) -> int:
@@ -174,8 +176,9 @@ class Run:
         _, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, err
 
-    def assert_no_process_left(self) -> None:
-        assert len(self.seen) >= 3, "the workers were never seen"
+    def assert_no_process_left(self, least: int = 3) -> None:
+        """Nothing the run started is alive 2 s after the driver's exit (which this follows)."""
+        assert len(self.seen) >= least, "the workers were never seen"
         deadline = time.monotonic() + 2.0
         while any(alive(p) for p in self.seen) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -242,16 +245,48 @@ def test_a_hanging_worker_is_caught_by_the_timeout(tmp_path):
     run.assert_no_process_left()
 
 
-@pytest.mark.slow  # a subprocess run of more than 8 s (fast suite: under 5 min on 2 busy cores)
-def test_ctrl_c_stops_every_worker(tmp_path):
-    run = Run(tmp_path)
-    run.wait_for(lambda: run.steps() >= 3)
-    run.proc.send_signal(signal.SIGINT)
-    sent = time.monotonic()
-    code, err = run.finish()
-    assert time.monotonic() - sent < 10
-    assert code == 130 and "interrupted" in error_line(err)
-    run.assert_no_process_left()
+def forkserver_seen(run: Run) -> bool:
+    return any("forkserver" in _cmdline(p) for p in run.seen)
+
+
+def workers_seen(run: Run) -> bool:
+    return any(comm(p).startswith("adapipe-stage") for p in run.seen)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# when the signal comes: while the forkserver imports torch, once the workers exist (connecting,
+# building their stages), after 3 steps of training; and whom it reaches: the driver, or the group
+MOMENTS = {"forkserver": (forkserver_seen, 2), "workers": (workers_seen, 3),
+           "training": (lambda run: run.steps() >= 3, 3)}
+SIGNALS = {"SIGTERM": (signal.SIGTERM, 143, "terminated"), "SIGINT": (signal.SIGINT, 130, "interrupted")}
+
+
+
+@pytest.mark.slow  # each a subprocess run of about 10 s
+@pytest.mark.parametrize("group", [False, True])
+@pytest.mark.parametrize("moment", list(MOMENTS))
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_a_signal_stops_every_process_in_one_line(tmp_path, name, moment, group):
+    """SIGTERM or SIGINT, to the driver alone or to its whole process group, at start-up or in
+    training: exit 143 or 130 with one line and no traceback (from no process), and no worker,
+    forkserver or resource tracker left 2 s after the driver's exit."""
+    sig, code, word = SIGNALS[name]
+    seen, least = MOMENTS[moment]
+    run = Run(tmp_path, session=group)
+    run.wait_for(lambda: seen(run))
+    assert run.proc.poll() is None
+    os.killpg(run.proc.pid, sig) if group else run.proc.send_signal(sig)
+    run.wait_for(lambda: False, timeout=60)  # watches the process tree until the driver exits
+    got, err = run.finish()
+    assert got == code and word in error_line(err)
+    run.assert_no_process_left(least)
 
 
 # -- torchrun ------------------------------------------------------------------------------------

@@ -247,3 +247,31 @@ def test_sigkill_while_writing_dist_checkpoints(tmp_path):
 @pytest.mark.slow
 def test_sigkill_while_writing_dist_checkpoints_many_times(tmp_path):
     assert _kill_while_writing(tmp_path, kills=12, seed=1, steps=40) >= 3
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_resumes_exactly(tmp_path):
+    """``kill`` (SIGTERM) during training: exit 143 in one line, and the run resumed from its last
+    complete checkpoint ends with the uninterrupted run's numbers."""
+    args = [*TINY, *CASES["adapipe-p4-m2"], *DIST, "train.max_steps=16", "train.checkpoint_every=2"]
+    whole = tmp_path / "whole"
+    assert run(whole, *args[len(TINY):]) == 0
+    d = tmp_path / "stopped"
+    slow = {"ADAPIPE_TEST_CHECKPOINT_DELAY": "0.2"}  # so that the signal lands well before the end
+    proc, started = cli([*args, f"hydra.run.dir={d}"], slow), time.time()
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline and _last_commit(d) < started:
+        time.sleep(0.02)  # until it has written a checkpoint
+    assert proc.poll() is None, "the run ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    lines = [x for x in err.splitlines() if x.startswith("adapipe: error:")]
+    assert proc.returncode == 143 and len(lines) == 1 and "terminated" in lines[0] and "Traceback" not in err, err
+    assert not (d / "summary.json").exists()
+    last = checkpoint.complete(d)[-1]
+    assert int(last.name.split("-")[1]) < 16
+    proc = cli([f"train.resume={d}"])
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    check_resumed_from(err, {last.name})
+    assert records(d) == records(whole)

@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import signals
 from .compose import HELP_FLAGS, check_overrides, compose_or_fail
 from .errors import EXIT_USAGE, fail
 
@@ -49,14 +50,21 @@ def _task(cfg) -> None:
     except (ConfigError, DataError, CheckpointError) as e:
         return _job_failed(run_dir, str(e), 2)
     except (TrainingDiverged, WorkerFailed) as e:
+        if isinstance(e, WorkerFailed) and signals.received():  # the group's SIGTERM reached a worker first
+            _interrupted(None, run_dir)
         return _job_failed(run_dir, str(e), 1)
-    except KeyboardInterrupt:
-        fail(f"interrupted; partial results are in {run_dir}", code=130)
+    except KeyboardInterrupt as e:
+        _interrupted(e, run_dir)
     except Exception as e:  # a bug: a single run shows the traceback, a multirun records it and goes on
         if not _in_multirun():
             raise
         return _job_failed(run_dir, f"{type(e).__name__}: {e}", 1, traceback.format_exc())
     print(f"results: {run_dir}")  # (the Trainer printed the final line)
+
+
+def _interrupted(e: BaseException | None, run_dir: Path) -> None:
+    word, code = signals.interrupt_exit(e)
+    fail(f"{word}; partial results are in {run_dir}", code=code)
 
 
 def _torchrun_rank(cfg) -> int | None:
@@ -172,6 +180,18 @@ def help_text(overrides: list[str]) -> str:
 
 
 def train_command(overrides: list[str]) -> int:
+    previous = signals.install()
+    try:
+        return _train_command(overrides)
+    except KeyboardInterrupt as e:  # before the run started (composing, importing): nothing to keep
+        word, code = signals.interrupt_exit(e)
+        print(f"adapipe: error: {word}", file=sys.stderr)
+        return code
+    finally:
+        signals.restore(previous)
+
+
+def _train_command(overrides: list[str]) -> int:
     import hydra
 
     from ..config import conf_dir, register_configs

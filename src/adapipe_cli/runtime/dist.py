@@ -44,6 +44,7 @@ from omegaconf import OmegaConf
 from ..config.validate import ConfigError
 from ..train import checkpoint
 from .dist_transport import Board
+from .lifeline import DRIVER_PID, stop_helpers
 from .local import StepResult, global_norm, stage_lrs
 from .watchdog import Collector, Watchdog, WorkerFailed
 from .worker import spawn_main, torchrun_env
@@ -61,7 +62,8 @@ def worker_context():
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.worker",
+    os.environ[DRIVER_PID] = str(os.getpid())  # read by forkserver_init in the server this context starts
+    ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.worker",
                                 "adapipe_cli.train.build", "adapipe_cli.data"])
     return ctx
 
@@ -160,7 +162,7 @@ class DistRuntime:
             self.logs[r] = log_dir / f"stage{r}.log"
             self.procs[r] = ctx.Process(target=spawn_main, name=f"adapipe-stage{r}", daemon=True,
                                         args=(b.host, b.port, b.prefix, r, self.status, str(self.logs[r]),
-                                              self.timeout_s, dict(os.environ)))
+                                              self.timeout_s, dict(os.environ), os.getpid()))
             self.procs[r].start()
         self.watchdog = Watchdog(self)
         self.watchdog.start()
@@ -357,14 +359,23 @@ class DistRuntime:
                 self.watchdog.join(5.0)
 
     def _shutdown(self) -> None:
-        """Stop the driver's helper threads and the workers that are still there."""
+        """Stop the driver's helper threads and the workers that are still there; on an interrupt
+        (Ctrl-C, or SIGTERM, which the CLI turns into one) the forkserver and the resource tracker
+        too, since the process is about to exit."""
+        interrupted = isinstance(sys.exc_info()[1], KeyboardInterrupt)
         self._stop_watchdog()
+        if interrupted:  # no grace: the workers' state is in the last checkpoint
+            for proc in self.procs.values():
+                if proc.is_alive():
+                    proc.kill()
         self._terminate()
         try:
             self._abort_board()
             self.collector.stop(self.board)
         finally:
             atexit.unregister(self._shutdown)
+            if interrupted:
+                stop_helpers()
 
 
 __all__ = ["DistRuntime", "WorkerFailed", "choose_backend"]

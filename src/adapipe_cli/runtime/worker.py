@@ -48,7 +48,6 @@ with status 3, or ``hang`` (sleep for an hour).
 
 from __future__ import annotations
 
-import ctypes
 import datetime
 import os
 import resource
@@ -66,6 +65,7 @@ from omegaconf import OmegaConf
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
 from ..train import checkpoint
 from .dist_transport import ENDINGS, Board, DistTransport, build_groups
+from .lifeline import die_with_parent, set_name, watch_driver
 from .stage import StageExecutor
 
 STARTING, COMPUTING, WAIT_PEER, WAIT_DRIVER, FINISHED = range(5)
@@ -411,13 +411,15 @@ def serve(board: Board, rank: int, local_rank: int, status: Status, spec_timeout
 
 
 def spawn_main(host: str, port: int, prefix: str, rank: int, status_array, log_path: str | None, timeout_s: float,
-               environ: dict) -> None:
-    """Entry point of a worker started by the driver (see :func:`..dist.worker_context`)."""
-    _die_with_parent()
+               environ: dict, driver: int) -> None:
+    """Entry point of a worker started by the driver (process ``driver``, see
+    :func:`..dist.worker_context`); it ends when the driver's process ends (:mod:`.lifeline`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    die_with_parent()
+    watch_driver(driver)
     os.environ.clear()
     os.environ.update(environ)
-    _set_name(f"adapipe-stage{rank}")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    set_name(f"adapipe-stage{rank}")
     if log_path:  # C++ warnings and tracebacks go to the run directory, not the driver's terminal
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -453,31 +455,6 @@ def torchrun_main(timeout_s: float, spec_timeout_s: float = 3600.0) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-def _libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this worker when its parent (the driver, or the forkserver, which ends with
-    the driver) dies, whatever the way."""
-    parent = os.getppid()
-    libc = _libc()
-    if libc is not None and hasattr(libc, "prctl"):
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
-
-
-def _set_name(name: str) -> None:
-    """The process name that ps, top and /proc/PID/comm show."""
-    libc = _libc()
-    if libc is not None and hasattr(libc, "prctl"):
-        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
 
 
 __all__ = ["Ended", "EvalOrder", "BoardPlan", "Worker", "spawn_main", "torchrun_main", "torchrun_env",

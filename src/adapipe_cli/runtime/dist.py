@@ -44,7 +44,7 @@ from omegaconf import OmegaConf
 from ..config.validate import ConfigError
 from ..train import checkpoint
 from .dist_transport import Board
-from .lifeline import DRIVER_PID, stop_helpers
+from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
 from .local import StepResult, global_norm, stage_lrs
 from .watchdog import Collector, Watchdog, WorkerFailed
 from .worker import spawn_main, torchrun_env
@@ -155,6 +155,8 @@ class DistRuntime:
 
     def _start(self, ranks: list[int], log_dir: Path) -> None:
         ctx = worker_context()
+        if ctx.get_start_method() == "forkserver":
+            start_forkserver()
         self.status = ctx.Array("i", 2 * self.p, lock=False)
         log_dir.mkdir(parents=True, exist_ok=True)
         b = self.board

@@ -12,4 +12,5 @@ from .lifeline import DRIVER_PID, die_with_parent
 
 if os.environ.get(DRIVER_PID) == str(os.getppid()):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by start_forkserver until now
     die_with_parent()

@@ -6,8 +6,8 @@ driver killed by a signal left a worker and the forkserver running until their T
 connections timed out (minutes). The ties, on Linux:
 
 - the forkserver gets SIGKILL when the driver dies (``PR_SET_PDEATHSIG``, set by
-  :mod:`.forkserver_init`, the first module it preloads), and ignores SIGINT while it imports
-  torch, so that a terminal's Ctrl-C to the whole group prints only the driver's one line;
+  :mod:`.forkserver_init`, the first module it preloads), and ignores SIGINT from its start
+  (:func:`start_forkserver`) while it imports torch, so that a terminal's Ctrl-C to the whole group prints only the driver's one line;
 - a worker gets SIGKILL when the forkserver dies (:func:`die_with_parent`), and a thread of its own
   ends it the moment the driver's process ends (:func:`watch_driver`, a pidfd), whoever its parent;
 - :func:`stop_helpers` stops the forkserver and the resource tracker when the driver is
@@ -82,6 +82,24 @@ def _exists(pid: int) -> bool:
     return True
 
 
+def start_forkserver() -> None:
+    """Start this process's forkserver (and resource tracker) if it is not running, with SIGINT
+    blocked: the mask passes through fork and exec, so that a Ctrl-C to the group while the
+    server's Python starts stays pending until :mod:`.forkserver_init` ignores it."""
+    from multiprocessing import forkserver, resource_tracker
+
+    # first: starting the tracker unblocks SIGINT in this process when it is done
+    resource_tracker.ensure_running()
+    if not hasattr(signal, "pthread_sigmask"):
+        forkserver.ensure_running()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C meanwhile reaches the driver now
+
+
 def stop_helpers() -> None:
     """Stop this process's forkserver (and so, through their death signal, its remaining
     children) and then its resource tracker, at once."""
@@ -113,4 +131,4 @@ def stop_helpers() -> None:
             pass
 
 
-__all__ = ["DRIVER_PID", "die_with_parent", "set_name", "watch_driver", "stop_helpers"]
+__all__ = ["DRIVER_PID", "die_with_parent", "set_name", "watch_driver", "start_forkserver", "stop_helpers"]

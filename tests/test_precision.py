@@ -145,3 +145,12 @@ def test_auto_without_cuda_is_the_cpu_run(tmp_path):
     prof = str(tmp_path / "cpu" / "profile.json")  # the same clock, so time_s compares too
     assert run(tmp_path / "auto", "train.max_steps=3", "pipeline.device=auto", f"pipeline.profile={prof}") == 0
     assert records(tmp_path / "auto") == records(tmp_path / "cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("command", [["profile"], ["sweep", "sweep=gpu1"]])
+def test_cuda_where_there_is_none_is_refused_by_profile_and_sweep(tmp_path, capsys, command):
+    out = ["--out", str(tmp_path / "p.json")] if command == ["profile"] else [f"sweep.dir={tmp_path / 's'}"]
+    assert main([*command, "pipeline.device=cuda", *out] if command == ["profile"] else [*command, *out]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device" in err[0] and list(tmp_path.iterdir()) == []

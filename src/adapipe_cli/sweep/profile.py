@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..data import build_data
-from ..runtime.device import resolve_device
+from ..config import ConfigError
+from ..runtime.device import DeviceError, resolve_device
 from ..simulator.clock import CostProfile
 from ..train import build
 
@@ -27,7 +28,10 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
         torch.set_num_threads(cfg.pipeline.threads)
     torch.manual_seed(cfg.seed)
     data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
-    device = resolve_device(cfg.pipeline.device)  # where the cells' local runtimes compute
+    try:
+        device = resolve_device(cfg.pipeline.device)  # where the cells' local runtimes compute
+    except DeviceError as e:
+        raise ConfigError(str(e)) from None
     stages, _ = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), device=device)
     micro = cfg.train.batch_size // cfg.pipeline.microbatches
     x, y = build.Batches(data, micro, 1, device=device)(0, 0)

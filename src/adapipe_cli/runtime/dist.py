@@ -1,14 +1,14 @@
 """The distributed runtime, driver side: one worker process per stage, driven by the Trainer.
 
-``DistRuntime(trainer)`` starts a TCPStore (the *board*, see :mod:`.dist_transport`) on a free
-port, so that runs on one machine never collide, publishes the run's spec there and starts one
-worker per stage (:mod:`.worker`; ``torch.multiprocessing``, see :func:`worker_context`), each
-of which builds only its own stage from the spec. Under ``torchrun`` the board is
+``DistRuntime(spec)`` (a :class:`.base.RunSpec`) starts a TCPStore (the *board*, see
+:mod:`.dist_transport`) on a free port, so that runs on one machine never collide, publishes
+the run's spec there and starts one worker per stage (:mod:`.worker`; ``torch.multiprocessing``,
+see :func:`worker_context`), each of which builds only its own stage from the spec. Under ``torchrun`` the board is
 the job's store at MASTER_ADDR:MASTER_PORT, the other ranks' processes are the other workers,
 and the driver (rank 0's process) spawns only stage 0's worker: the driver then never sits in a
 collective, so it can watch, time out and abort the run whatever the workers do.
 
-The Trainer drives it through the runtime interface: ``decide`` writes a phase to the board;
+The Trainer drives it through the runtime interface (:class:`.base.Runtime`): ``decide`` writes a phase to the board;
 ``run_step(t)`` opens the gate of ``U(t)`` and waits for every stage's report of step ``t``;
 ``evaluations`` waits for the validation losses that step ``t`` scheduled; ``evaluate_now`` and
 ``close`` end the run at the next gate. Times are wall-clock seconds from a barrier that all
@@ -18,7 +18,8 @@ Checkpoints: each worker writes its own stage's part, at the gate of the update 
 checkpoint's step (see :mod:`.worker` for where the cut is and what crosses it); the driver
 names the temporary folder, writes the Trainer's part and then the manifest, last
 (:meth:`DistRuntime.write_checkpoint_parts`). A resumed run's workers load their parts before
-their first action; its clock continues from the checkpoint's time (:meth:`DistRuntime.restore`).
+their first action; its clock continues from the checkpoint's time
+(:meth:`DistRuntime.restore_checkpoint`).
 
 Faults: a watchdog thread ends the run when a worker process dies, a worker reports an
 exception, or the awaited reports make no progress for ``pipeline.timeout_s``; the other workers
@@ -43,10 +44,11 @@ from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
 from ..train import checkpoint
+from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
+from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
-from .local import StepResult, global_norm, stage_lrs
-from .watchdog import Collector, Watchdog, WorkerFailed
+from .watchdog import Collector, Watchdog
 from .worker import spawn_main, torchrun_env
 
 STARTUP_S = 120.0  # at least this long for workers to import torch, build their stage and connect
@@ -100,21 +102,24 @@ def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
 
 
 class DistRuntime:
-    """One worker process per stage; the interface of :class:`.local.LocalRuntime`."""
+    """One worker process per stage (:class:`.base.Runtime`), built from the run's spec."""
 
     name = "dist"
+    backend: str | None = None  # gloo or nccl, chosen at start-up
     clock_name = "wall"
+    snapshots = False  # each stage's state lives in its worker
+    heldout = False  # evaluations run only where the schedule places them
 
-    def __init__(self, trainer):
-        cfg = self.cfg = trainer.cfg
+    def __init__(self, spec: RunSpec):
+        cfg = self.cfg = spec.cfg
         self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
         self.env = torchrun_env()
         self.backend, devices = choose_backend(cfg, self.env is not None)
         self.max_steps = cfg.train.max_steps
-        self.eval_steps = {t for t in range(-1, self.max_steps) if trainer.eval_at(t)}
-        self.plan = trainer.plan  # the Trainer reads its decisions back from it
+        self.eval_steps = {t for t in range(-1, self.max_steps) if spec.eval_at(t)}
+        self.plan = spec.plan  # the Trainer reads its decisions back from it
         self.reports: dict[int, dict] = {}  # rank -> its latest report
-        resume = trainer.resume  # (folder, manifest) of the checkpoint a resumed run continues from
+        resume = spec.resume  # (folder, manifest) of the checkpoint a resumed run continues from
         self.start = resume[1]["step"] if resume else 0  # the first step of this session
         self.released = self.start  # go/{t} written for every t < released
         # versions whose evaluation is awaited (a resumed run has every one up to its checkpoint)
@@ -142,12 +147,12 @@ class DistRuntime:
         threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
         self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
                                 "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
-                                "threads": threads, "run_dir": str(trainer.dir), "start": self.start,
+                                "threads": threads, "run_dir": str(spec.run_dir), "start": self.start,
                                 "parts": self._parts(*resume) if resume else None})
         self.collector = Collector(self.board)
         atexit.register(self._shutdown)  # when close() is never called
         try:
-            self._start(local, Path(trainer.dir) / "workers")
+            self._start(local, Path(spec.run_dir) / "workers")
             self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
         except BaseException:
             self.close()
@@ -219,8 +224,6 @@ class DistRuntime:
             self.board.delete(key)
         bad = [r for r, e in enumerate(entries) if e is None]
         if bad:
-            from ..train.loop import TrainingDiverged
-
             shutil.rmtree(folder, ignore_errors=True)
             raise TrainingDiverged(checkpoint.refusal(step, bad[0]))
         for r, e in enumerate(entries):  # a worker on another machine writes to its own disk otherwise
@@ -229,10 +232,10 @@ class DistRuntime:
                                   f"torchrun, put the run directory on a filesystem that every node shares")
         return {checkpoint.stage_part(r): e for r, e in enumerate(entries)}
 
-    def restore(self, run: dict) -> None:
+    def restore_checkpoint(self, folder: Path, manifest: dict, run: dict) -> None:
         """Continue a resumed run whose Trainer state (``run``: its RunState) is restored: the
-        workers, which read their parts themselves, get the phases decided before the checkpoint;
-        the clock goes on from the checkpoint's time."""
+        workers, which read their parts themselves (named in the spec), get the phases decided
+        before the checkpoint; the clock goes on from the checkpoint's time."""
         self.board.put("resume/phases", list(self.plan.phases))
         self.base = self.prev_time = run["time_s"] - run["offset"]
 
@@ -243,6 +246,15 @@ class DistRuntime:
         if missing:
             raise ConfigError(f"checkpoint {folder} has no part {missing[0]}: it was not written by this pipeline")
         return {r: str(Path(folder) / manifest["parts"][n]["file"]) for r, n in enumerate(names)}
+
+    def evaluate(self, batches) -> float:
+        raise NotImplementedError("the dist runtime evaluates only where the schedule places evaluations")
+
+    def state_dict(self) -> dict:
+        raise NotImplementedError("the dist runtime's stage states live in its workers")
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError("the dist runtime's stage states live in its workers")
 
     def memory(self) -> list[dict]:
         keys = ("peak_activations", "peak_weight_versions", "peak_param_sets", "peak_grad_sets", "peak_bytes",

@@ -9,49 +9,27 @@ pipeline clock times each action from its cost (profiled or measured).
 
 from __future__ import annotations
 
-import math
+import shutil
 import time
-from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..simulator.clock import CostProfile, LinkModel, PipelineClock
+from ..train import checkpoint
+from .base import StepResult, global_norm, stage_lrs
 from .device import synchronize
+from .errors import TrainingDiverged
 from .stage import StageExecutor
 from .transport import LocalTransport
 from .walk import walk
 
 
-@dataclass
-class StepResult:
-    step: int
-    phase: str
-    loss: float
-    time_s: float  # pipeline time at which the step's last update ended
-    staleness_mean: float
-    staleness_max: int
-    bubble: float
-    grad_norm: float  # global norm of the step's gradient before clipping (every stage's share)
-    lr: float  # the schedule's learning rate of the step
-    versions_max: int
-    inflight_max: int
-    lr_stages: list[float] | None = None  # each stage's own, where they differ (PipeMare rescheduling)
-    param_sets_max: int = 1  # parameter sets (live, copies, predictions) the fullest stage holds
-
-
-def global_norm(shares: list[float]) -> float:
-    """``sqrt(sum of the stages' squared shares)``: the norm of the whole step's gradient."""
-    return math.sqrt(sum(shares))
-
-
-def stage_lrs(lrs: list[float]) -> list[float] | None:
-    """The stages' own learning rates, or None when they are all the same."""
-    return None if len(set(lrs)) <= 1 else list(lrs)
-
-
 class LocalRuntime:
+    """Every stage in this process (:class:`.base.Runtime`)."""
+
     name = "local"
 
     def __init__(
@@ -98,9 +76,11 @@ class LocalRuntime:
         if self.eval_at(-1):
             self._evals.append((0, self.evaluate(self.val)))
 
-    # -- the interface the training loop drives (shared with the distributed runtime) ----------
+    # -- the interface the training loop drives (:class:`.base.Runtime`) ----------------------
     backend = None
     clock_name = "pipeline"
+    snapshots = True
+    heldout = True
 
     def decide(self, step: int, phase: str) -> None:
         self.plan.decide(step, phase)
@@ -213,6 +193,18 @@ class LocalRuntime:
         self.last_time, self.last_busy = state["last_time"], state["last_busy"]
         self.arrived = set()
         self._evals = []
+
+    def write_checkpoint_parts(self, folder: Path, step: int) -> dict[str, dict]:
+        """The whole pipeline is one part, ``pipeline``; refused for weights that are not finite."""
+        state = self.state_dict()
+        for stage in state["stages"]:
+            if not checkpoint.finite(stage["params"]):
+                shutil.rmtree(folder, ignore_errors=True)
+                raise TrainingDiverged(checkpoint.refusal(step, stage["stage"]))
+        return {"pipeline": checkpoint.write_part(folder, "pipeline", state)}
+
+    def restore_checkpoint(self, folder: Path, manifest: dict, run: dict) -> None:
+        self.load_state_dict(checkpoint.read_part(folder, manifest, "pipeline"))
 
     def memory(self) -> list[dict]:
         """Per stage, the ledger's peaks: activations, weight versions, parameter and gradient

@@ -23,10 +23,6 @@ PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Brok
                        re.IGNORECASE)
 
 
-class WorkerFailed(RuntimeError):
-    """A worker died, failed or hung; the message is one line naming its stage, rank and cause."""
-
-
 class Pending:
     def __init__(self, keys: list[str]):
         self.keys, self.done = keys, threading.Event()

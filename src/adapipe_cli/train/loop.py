@@ -21,8 +21,10 @@ from omegaconf import OmegaConf
 from ..adaptive.base import Context, Decision, Observation
 from ..config.validate import ConfigError, validate
 from ..data import DataError, build_data
+from ..runtime.base import Runtime, RunSpec, StepResult
 from ..runtime.device import resolve_device
-from ..runtime.local import LocalRuntime, StepResult
+from ..runtime.errors import TrainingDiverged
+from ..runtime.local import LocalRuntime
 from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
@@ -46,10 +48,6 @@ class RunState:
     wall_before: float = 0.0  # wall time of earlier sessions of a resumed run
     evals: list = field(default_factory=list)
     step_time: dict = field(default_factory=lambda: {0: 0.0})  # version -> time_s when it existed
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became non-finite (or spiked) and no guard recovered it."""
 
 
 def async_label(schedule) -> str:
@@ -141,7 +139,7 @@ class Trainer:
             return None
         if h.signal != "heldout":
             raise ConfigError(f"unknown heuristic.signal={h.signal!r}: use heldout or train")
-        if not isinstance(self.runtime, LocalRuntime):
+        if not self.runtime.heldout:
             self.console.say("adapipe: heuristic.signal=heldout needs the local runtime; the heuristic follows the "
                              "training loss")
             return None
@@ -149,14 +147,14 @@ class Trainer:
         x, y = self.data.val_batches(rows)[0]
         return [(x.to(self.device), y.to(self.device))]
 
-    def _make_runtime(self):
+    def _make_runtime(self) -> Runtime:
         """The local runtime, or the distributed one (``pipeline.runtime=dist``, or ``auto`` with a
         CUDA device for every stage)."""
         cfg, p = self.cfg, self.cfg.pipeline
         if runtime_kind(cfg) == "dist":
             from ..runtime.dist import DistRuntime
 
-            return DistRuntime(self)
+            return DistRuntime(RunSpec(cfg, self.plan, self.eval_at, self.dir, self.resume))
         return LocalRuntime(
             self.stages, self.optimizers, self.choice.spec, self.plan, self.policy, self.batches,
             self.profile if p.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
@@ -207,7 +205,11 @@ class Trainer:
         cfg, t, rt = self.cfg, self.cfg.train, self.runtime
         self.guard = DivergenceGuard(cfg.heuristic)
         # only async phases are guarded, and a rollback needs the runtime's state
-        self.guard.enabled = self.guard.enabled and self.choice.phase != SYNC and hasattr(rt, "state_dict")
+        self.guard.enabled = self.guard.enabled and self.choice.phase != SYNC
+        if self.guard.enabled and not rt.snapshots:
+            self.guard.enabled = False
+            self.console.say(f"adapipe: the divergence guard needs the local runtime; off on the {rt.name} runtime "
+                             f"(a diverging run stops with an error)")
         self.guard.keep_for(self.lag)
         self.st = RunState()
         resume = self.resume
@@ -338,7 +340,7 @@ class Trainer:
         self.heuristic.load_state_dict(copy.deepcopy(tr["heuristic"]))
         self.guard.load_state_dict(tr["guard"])
         torch.set_rng_state(tr["rng"])
-        if "pipeline" in state:  # (the dist runtime's workers load their own parts)
+        if "pipeline" in state:  # a guard snapshot (a checkpoint's pipeline parts are the runtime's to read)
             self.runtime.load_state_dict(state["pipeline"])
 
     def _rollback(self, step: int, res: StepResult, reason: str) -> int:
@@ -365,22 +367,12 @@ class Trainer:
 
     def save_checkpoint(self) -> Path:
         steps = self.st.steps
-        # the dist runtime's workers write their own stages' parts (and refuse non-finite weights)
-        write_stages = getattr(self.runtime, "write_checkpoint_parts", None)
-        if write_stages:
-            trainer = self._trainer_state()
-            folder = checkpoint.begin(self.dir, steps)
-            parts = write_stages(folder, steps)
-            parts["trainer"] = checkpoint.write_part(folder, "trainer", trainer)
-        else:
-            state = self._full_state()
-            trainer = state["trainer"]
-            for stage in state["pipeline"]["stages"]:
-                if not checkpoint.finite(stage["params"]):
-                    raise TrainingDiverged(checkpoint.refusal(steps, stage["stage"]))
-            folder = checkpoint.begin(self.dir, steps)
-            parts = {"trainer": checkpoint.write_part(folder, "trainer", trainer),
-                     "pipeline": checkpoint.write_part(folder, "pipeline", state["pipeline"])}
+        trainer = self._trainer_state()
+        folder = checkpoint.begin(self.dir, steps)
+        # the runtime writes the pipeline's parts (the dist runtime's workers one per stage) and
+        # refuses weights that are not finite
+        parts = self.runtime.write_checkpoint_parts(folder, steps)
+        parts["trainer"] = checkpoint.write_part(folder, "trainer", trainer)
         meta = {"config": OmegaConf.to_container(self.cfg, resolve=True), "trainer_lines": trainer["lines"],
                 "runtime": self.runtime.name, "fingerprints": self.fingerprints}
         return checkpoint.commit(self.dir, folder, steps, parts, meta, self.cfg.train.keep_checkpoints)
@@ -402,12 +394,9 @@ class Trainer:
         return folder, manifest
 
     def _restore(self, folder: Path, manifest: dict) -> None:
-        # the local runtime's pipeline is one part; the dist runtime's workers each read their own
-        names = ("trainer", "pipeline") if "pipeline" in manifest["parts"] else ("trainer",)
-        state = {name: checkpoint.read_part(folder, manifest, name) for name in names}
-        self._load_state(state)
-        if hasattr(self.runtime, "restore"):
-            self.runtime.restore(state["trainer"]["run"])
+        state = {"trainer": checkpoint.read_part(folder, manifest, "trainer")}
+        self._load_state(state)  # the phases first: the runtime regenerates its programs from them
+        self.runtime.restore_checkpoint(folder, manifest, state["trainer"]["run"])
         self.st = RunState(**state["trainer"]["run"])
 
     def _step_record(self, r: StepResult, time_s: float, tokens: int, wall: float) -> dict:

@@ -1,0 +1,87 @@
+"""What honest accounting changes: the simulated step times and memory of each method, with the
+work of weight copies and predictions charged (today's clock) and left free (the clock before it).
+
+For each optimizer it measures one cost profile per depth (gpt-micro, microbatches of 4 sequences,
+one thread; the same way a sweep does), then prints per depth and microbatch count the steady
+sync (1F1B) and async step times of PipeDream and 2BW, plain and with weight prediction, under
+both clocks, the sync/async ratio R that AdaPipe's decisions rest on, and the peak parameter
+sets and MiB of the first stage. Run on a quiet machine: python scripts/bench_accounting.py
+[--optims adamw muon] [--depths 2 4 8] [--micro 1 4] [--out docs/results/accounting.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+from pathlib import Path
+
+import torch
+
+from adapipe_cli.cli.compose import compose_config
+from adapipe_cli.data import build_data
+from adapipe_cli.schedules import ASYNC, Plan, ScheduleSpec
+from adapipe_cli.simulator.clock import CostProfile
+from adapipe_cli.simulator.simulate import min_steady_steps, simulate, steady_step_times
+from adapipe_cli.train import build
+
+
+def profile_for(optim: str, p: int, reps: int) -> CostProfile:
+    cfg = compose_config(["model=gpt-micro", f"optim={optim}", f"pipeline.stages={p}", "pipeline.microbatches=1",
+                          "train.batch_size=4", "pipeline.threads=1", f"pipeline.profile_reps={reps}"])
+    data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
+    gcfg = build.model_config(cfg, data.vocab_size)
+    stages, _ = build.make_stages(cfg, gcfg)
+    x, y = build.Batches(data, 4, 1)(0, 0)
+    return build.measure_stage_profile(cfg, stages, x, y)
+
+
+def free_of_extras(prof: CostProfile) -> CostProfile:
+    return CostProfile(prof.forward, prof.backward, prof.update, prof.act_bytes, prof.meta, memory=prof.memory)
+
+
+def first_stage_memory(spec: ScheduleSpec, prof: CostProfile, mitigation: list[str]) -> tuple[int, float]:
+    n = min_steady_steps(spec.stages, spec.microbatches) + 3
+    mem = simulate(spec, Plan(n, [ASYNC] * n), prof, record=False, mitigations=mitigation).memory[0]
+    return mem["peak_param_sets"], mem["peak_bytes"] / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--optims", nargs="+", default=["adamw", "muon"])
+    ap.add_argument("--depths", nargs="+", type=int, default=[2, 4, 8])
+    ap.add_argument("--micro", nargs="+", type=int, default=[1, 4])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--out", default=None, help="also write the table as Markdown to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    head = ("| optim | p | m | sync ms (same mitigations) | method | async ms (charged) | async ms (free) | R charged | R free "
+            "| stage-0 param sets | stage-0 peak MiB |")
+    lines = [f"Hardware: {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread, "
+             f"torch {torch.__version__}; gpt-micro, microbatches of 4 sequences of 64 tokens.", "",
+             head, "|" + "---|" * (head.count("|") - 1)]
+    print(lines[0])
+    print(head)
+    for optim in args.optims:
+        for p in args.depths:
+            prof = profile_for(optim, p, args.reps)
+            free = free_of_extras(prof)
+            for m in args.micro:
+                for name, weights, mitigation in (("pipedream", "stash", []), ("pipedream+predict", "stash", ["predict"]),
+                                                  ("2bw", "2bw", []), ("2bw+predict", "2bw", ["predict"])):
+                    spec = ScheduleSpec(p, m, "1f1b", weights)
+                    if weights == "2bw" and m < p - 1:
+                        continue
+                    s_c, a_c, _ = steady_step_times(spec, prof, None, mitigation)
+                    s_f, a_f, _ = steady_step_times(spec, free, None, mitigation)
+                    sets, mib = first_stage_memory(spec, prof, mitigation)
+                    row = (f"| {optim} | {p} | {m} | {1000 * s_c:.2f} | {name} | {1000 * a_c:.2f} | {1000 * a_f:.2f} "
+                           f"| {s_c / a_c:.3f} | {s_f / a_f:.3f} | {sets} | {mib:.2f} |")
+                    print(row, flush=True)
+                    lines.append(row)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -37,7 +37,7 @@ def local_and_dist(make_cfg, tmp_path, *overrides):
 # operations, with one thread, and a collective sums in stage order.
 SWITCHES = "heuristic.plan=[[async,3],[sync,2],[async,null]]"  # decided by the driver, applied by every worker
 FAST = [("1f1b", 2, 2, ""), ("adapipe", 4, 2, SWITCHES)]  # m < p: evaluations moved before updates
-SLOW = [("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
+SLOW = [("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh1"), ("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
         ("pipedream", 4, 2, ""), ("2bw", 4, 4, "")]
 
 
@@ -45,7 +45,7 @@ SLOW = [("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b"
 def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, extra):
     (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
         make_cfg, tmp_path, f"schedule={schedule}", f"pipeline.stages={stages}", f"pipeline.microbatches={micro}",
-        *([extra, "heuristic=fixed"] if extra else []))  # (the default heuristic follows each runtime's clock)
+        *([*extra.split(), "heuristic=fixed"] if extra else []))  # (the default heuristic follows each runtime's clock)
     assert dsteps == lsteps
     assert devals == levals and [v for v, _ in devals] == [0, 4, 8, 12]
     assert (ds["runtime"], ds["backend"], ds["clock"]) == ("dist", "gloo", "wall")
@@ -130,7 +130,7 @@ def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str
 @pytest.mark.parametrize("p,m", [(2, 1), (3, 2), (4, 1), (4, 2), (4, 4), (5, 3)])
 def test_worker_order_with_the_gate_cannot_deadlock(p, m):
     mixed = ["sync", "async", "async", "sync", "async", "async", "async", "sync"]
-    for sync, weights in (("1f1b", "stash"), ("gpipe", "stash"), ("1f1b", "2bw"), ("1f1b", "vertical")):
+    for sync, weights in (("1f1b", "stash"), ("gpipe", "stash"), ("zbh1", "stash"), ("1f1b", "2bw"), ("1f1b", "vertical")):
         if weights == "2bw" and m < p - 1:
             continue
         for phases in (["async"] * 8, ["sync"] * 8, mixed):

@@ -177,11 +177,11 @@ def test_timeline_fits_a_screen_and_draws_free_updates_as_lines(tmp_path):
     draw_timeline(free.timeline, 4, tmp_path / "t.png")
     width = int.from_bytes((tmp_path / "t.png").read_bytes()[16:20], "big")  # PNG header: width in pixels
     assert width <= MAX_WIDTH_IN * 100 + 200  # the axes at most MAX_WIDTH_IN inches, plus the legend
-    work, _, updates, lines = shapes(free.timeline)
+    work, _, updates, lines, _ = shapes(free.timeline)
     assert updates == [] and len(lines) == 8 * 4 and len(work) == 8 * 4 * 2 * 8
     assert all(a[0] == b[0] for (a, b) in lines)  # zero width: drawn at the update's time
     paid = run(2, 1, [SYNC], u=0.25, record=True)
-    _, _, updates, lines = shapes(paid.timeline)
+    _, _, updates, lines, _ = shapes(paid.timeline)
     assert lines == [] and [round(u[2][0] - u[0][0], 9) for u in updates] == [0.25, 0.25]
 
 

@@ -15,10 +15,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..config.validate import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES
 from .compose import HELP_FLAGS, compose_or_fail
 from .errors import fail
 
-SCHEDULES = ("1f1b", "gpipe", "pipedream", "2bw", "adapipe")
 ACTIONS_PRINTED = 256  # per stage, with print=true
 TABLE_WIDTH = 100  # characters: print=true wraps the action table into blocks this wide
 RECORD_LIMIT = 2_000_000  # actions: beyond this the timeline is not recorded (memory) nor drawn
@@ -74,8 +74,8 @@ def prepare(cfg) -> Setup:
     _need(cfg.steps >= 1, f"steps must be at least 1 (got {cfg.steps})")
     _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
     if s.name == "adapipe":
-        _need(s.sync in ("1f1b", "gpipe"), f"unknown schedule.sync={s.sync!r}: use 1f1b or gpipe")
-        _need(s["async"] in ("pipedream", "2bw"), f"unknown schedule.async={s['async']!r}: use pipedream or 2bw")
+        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
+        _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use {' or '.join(ASYNC_SCHEDULES)}")
     for key in ("forward", "backward", "update", "act_bytes"):
         _need(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
     _need(p.link_latency_s >= 0 and p.link_bandwidth >= 0,

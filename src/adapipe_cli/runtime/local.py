@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..model import lm_loss
-from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
+from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..simulator.clock import CostProfile, LinkModel, PipelineClock
 from ..train import checkpoint
 from .base import StepResult, global_norm, stage_lrs
@@ -121,7 +121,7 @@ class LocalRuntime:
             return list(range(self.p)) if a.phase == SYNC else []
         if a.kind in (FORWARD, EVAL):
             return [s + 1] if s + 1 < self.p else []
-        if a.kind == BACKWARD:
+        if a.kind in (BACKWARD, INPUT):
             return [s - 1] if s > 0 else []
         return []
 

@@ -1,7 +1,8 @@
 """Measuring the cost profile that the pipeline clock uses (``pipeline.clock=profiled``).
 
-Each stage's forward, backward (one microbatch), update, parameter copy and element-wise pass over
-its parameters (the ``copy`` and ``predict`` costs) are timed on copies of the stage and its
+Each stage's forward, backward (one microbatch; and split into its input and weight gradients, for
+zero-bubble schedules), update, parameter copy and element-wise pass over its parameters (the
+``copy`` and ``predict`` costs) are timed on copies of the stage and its
 optimizer, so measuring changes neither the weights nor the random state of the run.
 
 Other work on the machine can only slow a measurement down, and it comes and goes, so the kinds of
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import torch
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from ..model import GPTStage, lm_loss
 from ..simulator.clock import CostProfile
@@ -37,7 +39,7 @@ PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
 SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption of sub-millisecond work)
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
-KINDS = ("forward", "backward", "update", "copy", "predict")
+KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight")
 
 
 @dataclass
@@ -107,6 +109,20 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         for p in params:
             p.grad = torch.zeros_like(p)
 
+    def split(y):  # a backward's I, untimed, before its W is timed
+        return stage_backward_input([y], None if st.last else [grad], [x], iter(params))[1]
+
+    def weight_of(groups):
+        for p in params:
+            p.grad = None
+        stage_backward_weight(iter(params), groups)
+
+    if st.first:  # no input gradient: the W is the whole backward
+        input_work = Work(lambda: None)
+        weight_work = Work(lambda y: torch.autograd.grad(y, params, grad, allow_unused=True), setup=fwd)
+    else:
+        input_work = Work(lambda y: stage_backward_input([y], None if st.last else [grad], [x], iter(params)), setup=fwd)
+        weight_work = Work(weight_of, setup=lambda: split(fwd()))
     work = {
         "forward": Work(fwd),
         # the backward alone: each call differentiates a graph built (untimed) just before
@@ -114,6 +130,8 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         "update": Work(lambda _: opt.step(1.0), setup=zero_grads),
         "copy": Work(lambda: [p.detach().clone() for p in params]),
         "predict": Work(lambda: [p.detach() + 2 * g for p, g in zip(params, velocity)]),
+        "input": input_work,
+        "weight": weight_work,
     }
     return work, float(rows * seq * st.cfg.d_model * 4)
 
@@ -188,7 +206,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             "spread": spread}
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
-                       copy=times["copy"], predict=times["predict"], memory=memory)
+                       copy=times["copy"], predict=times["predict"], memory=memory,
+                       input=times["input"], weight=times["weight"])
 
 def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                  targets: torch.Tensor, precision: str = "fp32") -> dict:

@@ -36,7 +36,9 @@ import torch
 from torch.func import functional_call
 
 from ..model import GPTStage, lm_loss
-from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, StageProgram
+from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, StageProgram
 from ..schedules.ledger import LIVE, Ledger, StageBytes
 from ..train.optim import StageOptimizer
 from .device import autocast
@@ -54,6 +56,7 @@ class InFlight:
     x: torch.Tensor  # stage input (leaf; requires grad except on the first stage)
     out: torch.Tensor  # stage output, or the scaled loss on the last stage
     table: torch.Tensor | None = None  # the table of gradient norms sent with its activation
+    split: object = None  # after its I (a split backward): what the W needs
 
 
 @dataclass
@@ -159,11 +162,11 @@ class StageExecutor:
         t = self.transport
         if a.kind == FORWARD:
             return self.first or t.ready("act", self.s - 1, self.s, a.mb)
-        if a.kind == BACKWARD:
+        if a.kind in (BACKWARD, INPUT):
             return self.last or t.ready("grad", self.s + 1, self.s, a.mb)
         if a.kind == EVAL:
             return self.first or t.ready("eval", self.s - 1, self.s, (a.version, 0))
-        if a.phase == SYNC:
+        if a.kind == UPDATE and a.phase == SYNC:
             return self._sync_norm(a.step) is not None
         return True
 
@@ -221,6 +224,10 @@ class StageExecutor:
             self.forward(a)
         elif a.kind == BACKWARD:
             self.backward(a)
+        elif a.kind == INPUT:
+            self.input_grad(a)
+        elif a.kind == WEIGHT:
+            self.weight_grad(a)
         elif a.kind == UPDATE:
             self.update(a)
         elif a.kind == EVAL:
@@ -340,6 +347,10 @@ class StageExecutor:
         if not self.first:
             self.transport.send("grad", self.s, self.s - 1, a.mb, grads[0])
             grads = grads[1:]
+        self._accumulate(a, grads)
+
+    def _accumulate(self, a: Action, grads) -> None:
+        """Add one microbatch's weight gradient to its step's accumulator."""
         grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
         acc = self.grads.get(a.step)
         if acc is None:
@@ -354,8 +365,41 @@ class StageExecutor:
                 sq = float(self._sq_norm(acc))
                 self.known[self.s] = (a.step, sq)
                 self.stats.setdefault(a.step, StepStats()).grad_sq = sq
-        if not self.first:
+        if not self.first and a.kind == BACKWARD:
             self._tell("gradn", self.s - 1, a)
+
+    # -- a backward split in two (zero-bubble schedules; sync only) ---------------------------
+    def input_grad(self, a: Action) -> None:
+        """``I``: the gradient of the stage's input, sent upstream at once; the graph's
+        intermediate gradients that the weight gradient needs are kept for the ``W`` (torch's
+        pipelining helpers). The first stage has no input gradient: its ``W`` runs the whole
+        backward."""
+        rec = self.inflight[a.mb]
+        grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb)
+        if self.first:
+            rec.split = grad_out
+            return
+        params = self.params if rec.weights is None else rec.weights
+        dx, groups = stage_backward_input([rec.out], None if grad_out is None else [grad_out], [rec.x], iter(params))
+        self.transport.send("grad", self.s, self.s - 1, a.mb, dx[0])
+        rec.split = groups
+
+    def weight_grad(self, a: Action) -> None:
+        """``W``: the weight gradient of a microbatch whose ``I`` ran, added to its step's."""
+        rec = self.inflight.pop(a.mb)
+        self.ledger.backward(a, self.work)
+        params = self.params if rec.weights is None else rec.weights
+        if self.first:
+            grads = torch.autograd.grad(rec.out, params, rec.split, allow_unused=True)
+        else:
+            before = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            stage_backward_weight(iter(params), rec.split)
+            grads = [p.grad for p in params]
+            for p, g in zip(params, before):
+                p.grad = g
+        self._accumulate(a, grads)
 
     @staticmethod
     def _sq_norm(grads: list[torch.Tensor]) -> torch.Tensor:

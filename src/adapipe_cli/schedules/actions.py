@@ -12,14 +12,18 @@ from typing import NamedTuple
 
 SYNC, ASYNC = "sync", "async"
 FORWARD, BACKWARD, UPDATE, EVAL = "F", "B", "U", "E"
+# a backward split in two (zero-bubble schedules): the input gradient, sent upstream (on the
+# critical path), and the weight gradient, which can wait
+INPUT, WEIGHT = "I", "W"
+BACKWARDS = (BACKWARD, INPUT, WEIGHT)
 
 
 class Action(NamedTuple):
     """One unit of a stage's work.
 
-    kind: F (forward of microbatch ``mb``), B (its backward), U (optimizer update of ``step``) or
-    E (forward of the validation set with version ``version``; used where evaluation travels
-    through the pipeline).
+    kind: F (forward of microbatch ``mb``), B (its backward), or the backward split into I (input
+    gradient) and W (weight gradient), U (optimizer update of ``step``) or E (forward of the
+    validation set with version ``version``; used where evaluation travels through the pipeline).
     mb: global microbatch index ``step * m + i`` (-1 for U and E).
     step: optimizer step (minibatch) the action belongs to.
     version: weight version the action computes with (U: the version it updates).
@@ -33,7 +37,7 @@ class Action(NamedTuple):
     phase: str
 
     def __str__(self) -> str:
-        if self.kind in (FORWARD, BACKWARD):
+        if self.kind in (FORWARD, BACKWARD, INPUT, WEIGHT):
             return f"{self.kind}{self.mb}@v{self.version}"
         if self.kind == UPDATE:
             return f"U{self.step}"

@@ -14,7 +14,8 @@ Buffers of one stage, each the size of the stage's parameters unless said otherw
   live version, a *stash* a copy of an older one;
 - ``pred (v, d, l)``: weights predicted ``d`` steps ahead from version ``v`` with the velocity of
   live version ``l`` (``schedule.mitigation=[predict]``);
-- ``grad t``: the gradient accumulator of step ``t``, from its first backward to its update;
+- ``grad t``: the gradient accumulator of step ``t``, from its first backward to its update (with a
+  split backward, from its first ``W``: an ``I`` keeps its microbatch's activations for the ``W``);
 - during an update with ``predict`` or ``nesterov``, a copy of the weights before it (transient);
 - optimizer state (constant) and the activations of in-flight microbatches (``act_bytes`` each:
   what autograd saves for the backward).
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actions import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action
+from .actions import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, WEIGHT, Action
 
 LIVE = ("live",)
 
@@ -167,7 +168,7 @@ class Ledger:
         work = {} if work is None else work
         if a.kind == FORWARD:
             self.forward(a, work)
-        elif a.kind == BACKWARD:
+        elif a.kind in (BACKWARD, WEIGHT):  # (a split backward's I holds on to its activations)
             self.backward(a, work)
         elif a.kind == UPDATE:
             self.update(a, needed_live, work, mitigations)

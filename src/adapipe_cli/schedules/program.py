@@ -10,6 +10,13 @@ Within a segment of microbatches ``[a, b)`` stage ``s`` of ``p`` runs
 - GPipe (sync only): ``F(a..b-1)``, then ``B(a..b-1)``;
 - 1F1B: ``w = p - s - 1`` warm-up forwards, then ``F(a+w+i), B(a+i)`` pairs, then the remaining
   backwards (so stage ``s`` holds at most ``p - s`` microbatches in flight);
+- ZB-H1 (sync only; Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024): 1F1B with every
+  backward split into its input gradient ``I`` (sent upstream at once) and its weight gradient
+  ``W``, and stage ``s`` deferring each ``W`` by ``s`` microbatches: ``W(j)`` right after
+  ``I(j + s)``, the last ``s`` of them after the last ``I``, where they fill the drain's idle time
+  that 1F1B leaves. A microbatch's activations live until its ``W``, so every stage holds at most
+  ``p`` microbatches, 1F1B's peak (stage 0's); with ``F = I = W`` the bubble falls from 1F1B's
+  ``(p - 1)(F + I + W)`` to ``(p - 1)(F + I - W)`` per step.
 
 and the update ``U(t)`` right after the backward of the last microbatch of step ``t``.
 
@@ -32,9 +39,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from .actions import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan
+from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, Plan
 
 WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
+SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1")
 
 
 class ScheduleError(ValueError):
@@ -47,12 +55,12 @@ class ScheduleSpec:
 
     stages: int
     microbatches: int
-    sync: str = "1f1b"  # 1f1b | gpipe
+    sync: str = "1f1b"  # 1f1b | gpipe | zbh1
     weights: str = "stash"  # async weight rule: stash | latest | vertical | 2bw
 
     def check(self) -> None:
-        if self.sync not in ("1f1b", "gpipe"):
-            raise ScheduleError(f"unknown sync schedule {self.sync!r}: use 1f1b or gpipe")
+        if self.sync not in SYNC_SCHEDULES:
+            raise ScheduleError(f"unknown sync schedule {self.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
         if self.weights not in WEIGHT_RULES:
             raise ScheduleError(f"unknown weight rule {self.weights!r}: use stash, latest or vertical")
         if self.weights == "2bw" and self.microbatches < self.stages - 1:
@@ -164,6 +172,18 @@ class StageProgram:
                 yield from self._forward(j, t, SYNC)
             for j in mbs:
                 yield Action(BACKWARD, j, t, t, SYNC)
+        elif self.spec.sync == "zbh1":
+            w, lag = min(self.p - self.s - 1, m), self.s  # warm-up forwards; how far each W trails its I
+            for j in range(a, a + w):
+                yield from self._forward(j, t, SYNC)
+            for i in range(m):
+                if i + w < m:
+                    yield from self._forward(a + w + i, t, SYNC)
+                yield Action(INPUT, a + i, t, t, SYNC)
+                if i >= lag:
+                    yield Action(WEIGHT, a + i - lag, t, t, SYNC)
+            for j in range(a + max(0, m - lag), a + m):
+                yield Action(WEIGHT, j, t, t, SYNC)
         else:
             w = min(self.p - self.s - 1, m)
             for j in range(a, a + w):

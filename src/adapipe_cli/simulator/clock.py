@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action
+from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action
 
 
 EXTRA_WORK = ("copy", "predict")  # work an action may do besides its own kind (see schedules/ledger.py)
@@ -35,7 +35,8 @@ class CostProfile:
     microbatch's activation sent to the next stage (its gradient has the same size); and per
     stage the bytes of one parameter set, of the optimizer state and of one microbatch's saved
     activations (``memory``, for the memory ledger). A recomputed forward (``weights=latest``)
-    costs ``forward``."""
+    costs ``forward``. A backward split in two (zero-bubble schedules) costs ``input`` and
+    ``weight`` (measured; a profile without them splits ``backward`` in halves)."""
 
     forward: list[float]
     backward: list[float]
@@ -45,12 +46,17 @@ class CostProfile:
     copy: list[float] = field(default_factory=list)
     predict: list[float] = field(default_factory=list)
     memory: dict = field(default_factory=dict)  # params / optimizer / activation: lists of bytes per stage
+    input: list[float] = field(default_factory=list)
+    weight: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = len(self.forward)
         for name in EXTRA_WORK:  # a profile without them charges nothing for that work
             if not getattr(self, name):
                 setattr(self, name, [0.0] * p)
+        for name in ("input", "weight"):
+            if not getattr(self, name):
+                setattr(self, name, [b / 2 for b in self.backward])
 
     @property
     def stages(self) -> int:
@@ -71,6 +77,10 @@ class CostProfile:
             c = self.backward[stage]
         elif kind == UPDATE:
             c = self.update[stage]
+        elif kind == INPUT:
+            c = self.input[stage]
+        elif kind == WEIGHT:
+            c = self.weight[stage]
         else:
             return 0.0
         if work:
@@ -98,7 +108,7 @@ class CostProfile:
             raise ValueError(f"cost profile {path} has no cost for weight copies and predictions (it predates them): "
                              f"measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
-                   d.get("copy", []), d.get("predict", []), d.get("memory", {}))
+                   d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []))
 
 
 @dataclass
@@ -136,7 +146,7 @@ class PipelineClock:
         start = self.free[stage]
         if a.kind == FORWARD and stage > 0:
             start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
-        elif a.kind == BACKWARD and stage < self.p - 1:
+        elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:
             start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
         elif a.kind == UPDATE and a.phase == SYNC and self.p > 1:
             start = max(start, max(self._arrivals[a.step]))
@@ -145,7 +155,7 @@ class PipelineClock:
         end = start + cost
         if a.kind == FORWARD and stage < self.p - 1:
             self._f_end[(stage, a.mb)] = end
-        elif a.kind == BACKWARD and stage > 0:
+        elif a.kind in (BACKWARD, INPUT) and stage > 0:
             self._b_end[(stage, a.mb)] = end
         elif a.kind == UPDATE:
             self.update_end[a.step] = max(self.update_end.get(a.step, 0.0), end)

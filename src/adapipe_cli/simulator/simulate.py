@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..runtime.walk import walk
-from ..schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram, lookahead
+from ..schedules import (BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram,
+                         lookahead)
 from ..schedules.ledger import Ledger
 from .clock import CostProfile, LinkModel, PipelineClock
 
@@ -66,7 +67,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         kind = a.kind
         if kind == FORWARD:
             return s == 0 or (s - 1, a.mb) in f_done
-        if kind == BACKWARD:
+        if kind in (BACKWARD, INPUT):
             return s == p - 1 or (s + 1, a.mb) in b_done
         if kind == UPDATE and a.phase == SYNC:
             waiting = arrived.setdefault(a.step, set())
@@ -90,7 +91,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
             if s + 1 < p:
                 f_done.add((s, a.mb))
                 woken = [s + 1]
-        elif kind == BACKWARD:
+        elif kind in (BACKWARD, INPUT):
             b_done.discard((s + 1, a.mb))
             if s > 0:
                 b_done.add((s, a.mb))
@@ -104,7 +105,9 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     ends = [clock.update_end[t] for t in range(n)]
     makespan = ends[-1] if ends else 0.0
     step_time = _steady_step_time(ends, lookahead(p, spec.microbatches) + 1)
-    work = sum(spec.microbatches * (profile.forward[s] + profile.backward[s]) + profile.update[s] for s in range(p))
+    split = spec.sync == "zbh1" and all(ph == SYNC for ph in plan.phases[:n])
+    back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
+    work = sum(spec.microbatches * (profile.forward[s] + back[s]) + profile.update[s] for s in range(p))
     # (the bubble is idle time against the work of a step's own kinds; extra work is not idle)
     bubble = 1.0 - work / (p * step_time) if step_time > 0 else 0.0
     busy = clock.busy

@@ -26,7 +26,9 @@ from matplotlib.collections import LineCollection, PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
-from ..schedules import BACKWARD, FORWARD, UPDATE  # noqa: E402
+from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT  # noqa: E402
+
+WORK = (FORWARD, BACKWARD, INPUT, WEIGHT)  # drawn as labelled boxes (I like B, W hatched)
 
 MAX_BOXES = 6000
 MAX_WIDTH_IN = 16  # inches at 100 dpi: a picture that fits a screen
@@ -79,30 +81,37 @@ def draw_timeline(boxes: Sequence[Box], stages: int, path: str | Path, title: st
 
 def _legend() -> list[Patch]:
     pal = _palette()
-    return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B (dark)"),
+    return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B or I (dark)"),
+            Patch(facecolor=pal[0], hatch="///", edgecolor="white", label="W (hatched)"),
             Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor="white", edgecolor="grey", label="idle")]
 
 
-def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list]:
-    """(forward and backward boxes, their colours, update boxes, lines): each box the corners of its
-    true extent; an action that costs nothing (an update at ``update=0``) a line at its time."""
+def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list, list]:
+    """(forward and backward boxes, their colours, update boxes, lines, the indices of the work
+    boxes that are weight gradients): each box the corners of its true extent; an action that
+    costs nothing (an update at ``update=0``) a line at its time."""
     pal = _palette()
-    work, work_colours, updates, instants = [], [], [], []
+    work, work_colours, updates, instants, hatched = [], [], [], [], []
     for s, kind, mb, _step, start, end in boxes:
         y0, y1 = s - ROW / 2, s + ROW / 2
         if end <= start:
             instants.append([(start, y0), (start, y1)])
         elif kind == UPDATE:
             updates.append([(start, y0), (start, y1), (end, y1), (end, y0)])
-        elif kind in (FORWARD, BACKWARD):
+        elif kind in WORK:
+            if kind == WEIGHT:
+                hatched.append(len(work))
             work.append([(start, y0), (start, y1), (end, y1), (end, y0)])
             work_colours.append(pal[colour_index(kind, mb)])
-    return work, work_colours, updates, instants
+    return work, work_colours, updates, instants, hatched
 
 
 def _draw_boxes(ax, boxes: Sequence[Box]) -> None:
-    work, work_colours, updates, instants = shapes(boxes)
+    work, work_colours, updates, instants, hatched = shapes(boxes)
     ax.add_collection(PolyCollection(work, facecolors=work_colours, edgecolors="white", linewidths=0.4))
+    if hatched:
+        ax.add_collection(PolyCollection([work[i] for i in hatched], facecolors="none", edgecolors="white",
+                                         hatch="///", linewidths=0.0))
     ax.add_collection(PolyCollection(updates, facecolors=BLACK, edgecolors="none", zorder=3))
     ax.add_collection(LineCollection(instants, colors=BLACK, linewidths=1.0, zorder=3))
     _labels(ax, boxes)
@@ -116,13 +125,13 @@ def _labels(ax, boxes: Sequence[Box]) -> None:
     px_per_s = ax.get_position().width * fig.get_figwidth() * fig.dpi / ax.get_xlim()[1]
     char_px = fontsize * 0.65 * fig.dpi / 72
     for s, kind, mb, _step, start, end in boxes:
-        if kind not in (FORWARD, BACKWARD):
+        if kind not in WORK:
             continue
         room = (end - start) * px_per_s
         for text in (f"{kind}{mb}", f"{mb}"):
             if len(text) * char_px + 4 <= room:
                 ax.text((start + end) / 2, s, text, ha="center", va="center", fontsize=fontsize,
-                        color="white" if kind == BACKWARD else "black")
+                        color="black" if kind == FORWARD else "white")
                 break
 
 
@@ -130,7 +139,7 @@ def _draw_raster(ax, boxes: Sequence[Box], stages: int, span: float, columns: in
     """Each stage's row as ``columns`` pixels: the colour of the action at the pixel's centre."""
     pal = np.array(_palette())
     stage, kind, mb, _step, start, end = (np.asarray(c) for c in zip(*boxes))
-    kind = np.select([kind == FORWARD, kind == BACKWARD, kind == UPDATE], [0, 1, 2], 3)
+    kind = np.select([kind == FORWARD, np.isin(kind, (BACKWARD, INPUT, WEIGHT)), kind == UPDATE], [0, 1, 2], 3)
     order = np.argsort(stage, kind="stable")  # by stage, each stage's actions in the order they ran
     bounds = np.searchsorted(stage[order], np.arange(stages + 1))
     img = np.ones((stages, columns, 4))

@@ -27,7 +27,7 @@ class ScheduleChoice:
 def schedule_choice(cfg) -> ScheduleChoice:
     s, p, m = cfg.schedule, cfg.pipeline.stages, cfg.pipeline.microbatches
     name = s.name
-    if name in ("1f1b", "gpipe"):
+    if name in ("1f1b", "gpipe", "zbh1"):
         return ScheduleChoice(ScheduleSpec(p, m, name, "stash"), SYNC)
     if name == "pipedream":
         return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights), ASYNC)

@@ -246,6 +246,11 @@ def simulate_command(overrides: list[str]) -> int:
     from ..config.schema import register_simulate_config
 
     register_simulate_config()
+    if any(a in ("-h", "--help") for a in overrides):
+        from .train import help_text
+
+        print(help_text(overrides, "simulate", "simulate"))
+        return 0
     wants_help = any(a in HELP_FLAGS for a in overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     if not wants_help and not multirun:  # one-line errors before Hydra makes a run directory

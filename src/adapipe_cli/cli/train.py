@@ -162,20 +162,20 @@ def _fix_run_dir(overrides: list[str]) -> tuple[list[str], Path | None]:
     return overrides, created
 
 
-def help_text(overrides: list[str]) -> str:
-    """``adapipe train --help``: the groups a user can choose from (not each group's schema ``base``,
-    nor ``sweep``, which is adapipe sweep's) and the composed config."""
+def help_text(overrides: list[str], command: str = "train", config_name: str = "config") -> str:
+    """``adapipe train --help`` (or ``simulate``'s): the groups a user can choose from (not each
+    group's schema ``base``, nor ``sweep``, which is adapipe sweep's) and the composed config."""
     from omegaconf import OmegaConf
 
     from ..config import conf_dir
 
-    cfg = compose_or_fail([a for a in overrides if not a.startswith("-")], check=False)
+    cfg = compose_or_fail([a for a in overrides if not a.startswith("-")], config_name=config_name, check=False)
     groups = sorted(d for d in conf_dir().iterdir() if d.is_dir() and d.name != "sweep" and any(d.glob("*.yaml")))
-    lines = ["usage: adapipe train [group=option ...] [key=value ...]   (-m: one run per comma-separated value)", "",
+    lines = [f"usage: adapipe {command} [group=option ...] [key=value ...]   (-m: one run per comma-separated value)", "",
              "Config groups (group=option):"]
     lines += [f"  {d.name}: {', '.join(sorted(f.stem for f in d.glob('*.yaml')))}" for d in groups]
     lines += ["", "Config (override any key as key=value):", OmegaConf.to_yaml(cfg).rstrip(), "",
-              "Hydra's own flags: adapipe train --hydra-help"]
+              f"Hydra's own flags: adapipe {command} --hydra-help"]
     return "\n".join(lines)
 
 

@@ -70,6 +70,8 @@ def test_bf16_losses_stay_within_tolerance_of_fp32_over_20_steps(tmp_path):
         assert run(tmp_path / prec, *PIPE, "schedule=1f1b", "train.max_steps=20", f"train.precision={prec}") == 0
         losses[prec] = [r["loss"] for r in records(tmp_path / prec)]
     f, b = losses["fp32"], losses["bf16"]
+    summary = json.loads((tmp_path / "bf16" / "summary.json").read_text())
+    assert (summary["precision"], summary["device"]) == ("bf16", "cpu")
     assert len(f) == len(b) == 20
     assert f[-1] < f[0] - 0.2  # it trained
     assert b != f

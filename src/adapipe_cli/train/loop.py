@@ -221,6 +221,7 @@ class Trainer:
             raise
         first_line = (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
                       f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
+                      + (f"device={self.device} " if rt.name == "local" else "") + f"precision={t.precision} "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
         self.console.say(first_line)
@@ -428,6 +429,7 @@ class Trainer:
             "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
             "runtime": self.runtime.name, "backend": self.runtime.backend, "clock": self.runtime.clock_name,
             "clock_mode": cfg.pipeline.clock if self.runtime.clock_name == "pipeline" else "wall",
+            "device": str(self.device) if self.runtime.name == "local" else None, "precision": t.precision,
             "model": cfg.model.name, "data": cfg.data.name, "optimizer": cfg.optim.name,
             "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches,
             "batch_size": t.batch_size, "seq_len": cfg.model.block_size, "seed": cfg.seed,

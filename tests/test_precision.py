@@ -156,3 +156,16 @@ def test_cuda_where_there_is_none_is_refused_by_profile_and_sweep(tmp_path, caps
     assert main([*command, "pipeline.device=cuda", *out] if command == ["profile"] else [*command, *out]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no CUDA device" in err[0] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow  # two worker processes: more than 10 s on 2 busy cores
+def test_bf16_dist_equals_bf16_local(make_cfg, tmp_path):
+    """The dist runtime's fp32 messages carry bf16 runs too: gloo gives the local numbers bitwise."""
+    from adapipe_cli.train.loop import train
+    from procs import records as run_records
+
+    over = ["schedule=pipedream", *PIPE, "train.max_steps=6", "train.precision=bf16"]
+    train(make_cfg(*over), tmp_path / "local")
+    train(make_cfg(*over, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    (lsteps, levals), (dsteps, devals) = run_records(tmp_path / "local"), run_records(tmp_path / "dist")
+    assert dsteps == lsteps and devals == levals and len(lsteps) == 6

@@ -3,7 +3,7 @@ work of weight copies and predictions charged (today's clock) and left free (the
 
 For each optimizer it measures one cost profile per depth (gpt-micro, microbatches of 4 sequences,
 one thread; the same way a sweep does), then prints per depth and microbatch count the steady
-sync (1F1B) and async step times of PipeDream and 2BW, plain and with weight prediction, under
+sync (1F1B and ZB-H1) and async step times of PipeDream and 2BW, plain and with weight prediction, under
 both clocks, the sync/async ratio R that AdaPipe's decisions rest on, and the peak parameter
 sets and MiB of the first stage. Run on a quiet machine: python scripts/bench_accounting.py
 [--optims adamw muon] [--depths 2 4 8] [--micro 1 4] [--out docs/results/accounting.md]
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also write the table as Markdown to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    head = ("| optim | p | m | sync ms (same mitigations) | method | async ms (charged) | async ms (free) | R charged | R free "
+    head = ("| optim | p | m | sync ms (same mitigations) | zbh1 ms | method | async ms (charged) | async ms (free) | R charged | R free "
             "| stage-0 param sets | stage-0 peak MiB |")
     lines = [f"Hardware: {platform.processor() or platform.machine()}, {torch.get_num_threads()} thread, "
              f"torch {torch.__version__}; gpt-micro, microbatches of 4 sequences of 64 tokens.", "",
@@ -74,7 +74,8 @@ def main() -> None:
                     s_c, a_c, _ = steady_step_times(spec, prof, None, mitigation)
                     s_f, a_f, _ = steady_step_times(spec, free, None, mitigation)
                     sets, mib = first_stage_memory(spec, prof, mitigation)
-                    row = (f"| {optim} | {p} | {m} | {1000 * s_c:.2f} | {name} | {1000 * a_c:.2f} | {1000 * a_f:.2f} "
+                    zb, _, _ = steady_step_times(ScheduleSpec(p, m, "zbh1"), prof, None, mitigation)
+                    row = (f"| {optim} | {p} | {m} | {1000 * s_c:.2f} | {1000 * zb:.2f} | {name} | {1000 * a_c:.2f} | {1000 * a_f:.2f} "
                            f"| {s_c / a_c:.3f} | {s_f / a_f:.3f} | {sets} | {mib:.2f} |")
                     print(row, flush=True)
                     lines.append(row)

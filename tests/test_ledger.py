@@ -152,3 +152,16 @@ def test_mixed_plan_and_mitigations_agree_with_the_executor():
     mixed = [SYNC, ASYNC, ASYNC, ASYNC, SYNC, SYNC, ASYNC, ASYNC, ASYNC, ASYNC]
     for weights in ("stash", "latest", "vertical", "2bw"):
         both(4, 3, mixed, weights=weights, mitigation=["predict", "nesterov"])
+
+
+@pytest.mark.parametrize("weights", ["2bw", "vertical"])
+def test_flushed_steps_copy_nothing_whatever_the_async_rule(weights):
+    """A sync step computes with the live version only: with any async weight rule configured (an
+    AdaPipe run's sync phase) it holds one parameter set and pays for no copy."""
+    mem = both(4, 3, SYNC, weights=weights, steps=4)
+    assert col(mem, "peak_param_sets") == [1] * 4
+    prof = CostProfile.uniform(4, copy=5.0)
+    plan = Plan(4, [SYNC] * 4)
+    charged = simulate(ScheduleSpec(4, 3, "1f1b", weights), plan, prof, record=False)
+    free = simulate(ScheduleSpec(4, 3, "1f1b", weights), plan, CostProfile.uniform(4), record=False)
+    assert charged.makespan == free.makespan

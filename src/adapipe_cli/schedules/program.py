@@ -90,6 +90,7 @@ class StageProgram:
         self.updates = 0  # U actions emitted so far
         self.next_f = 0  # next microbatch this stage will forward
         self.seg_start = 0  # first step of the current segment
+        self.seg_phase = SYNC  # and its phase
         self.pending_evals: list[tuple[int, int]] = []  # (forward index before which E goes, step)
         self._gen = self._generate()
         self._next: Action | None = None
@@ -119,10 +120,10 @@ class StageProgram:
     def floor_version(self) -> int:
         """A lower bound on the version of every action not yet returned by ``pop``."""
         lo = self.updates if not self._peeked or self._next is None else min(self.updates, self._next.version)
-        j = self.next_f
-        if self.spec.weights == "vertical":
+        j, stream = self.next_f, self.seg_phase == ASYNC  # (a flushed step computes with the live version only)
+        if stream and self.spec.weights == "vertical":
             lo = min(lo, max(self.seg_start, (j - self.p + 1) // self.m))
-        elif self.spec.weights == "2bw":
+        elif stream and self.spec.weights == "2bw":
             lo = min(lo, max(self.seg_start, j // self.m - 1))
         for _, t in self.pending_evals:
             lo = min(lo, t + 1)
@@ -137,7 +138,7 @@ class StageProgram:
             phase = self.plan.phase(step)
             if phase is None:
                 break
-            self.seg_start = step
+            self.seg_start, self.seg_phase = step, phase
             if phase == SYNC:
                 yield from self._sync_step(step)
                 step += 1

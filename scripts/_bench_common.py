@@ -14,7 +14,7 @@ from adapipe_cli.runtime.local import LocalRuntime
 from adapipe_cli.schedules import Plan, ScheduleSpec
 from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
-from adapipe_cli.train.optim import StageOptimizer
+from adapipe_cli.optim import StageOptimizer
 
 MODELS = {
     "gpt-nano": dict(n_layer=4, n_head=4, d_model=128, block_size=64),

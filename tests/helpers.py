@@ -11,7 +11,7 @@ from adapipe_cli.runtime.local import LocalRuntime
 from adapipe_cli.schedules import Plan, ScheduleSpec
 from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
-from adapipe_cli.train.optim import StageOptimizer
+from adapipe_cli.optim import StageOptimizer
 
 V, T, B = 64, 16, 8
 GCFG = GPTConfig(vocab_size=V, block_size=T, n_layer=4, d_model=32, n_head=2)

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from adapipe_cli.train import checkpoint
+from adapipe_cli import checkpoint
 
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
 ENV = {**os.environ, **OFFLINE}

@@ -12,9 +12,9 @@ from adapipe_cli.model import build_full_model
 from adapipe_cli.runtime.local import LocalRuntime
 from adapipe_cli.schedules import ASYNC, SYNC, Plan
 from adapipe_cli.schedules.mitigations import UpdatePolicy
-from adapipe_cli.train import checkpoint
+from adapipe_cli import checkpoint
 from adapipe_cli.train.loop import train
-from adapipe_cli.train.optim import StageOptimizer, is_hidden_matrix
+from adapipe_cli.optim import StageOptimizer, is_hidden_matrix
 from conftest import TINY
 from helpers import GCFG, optim_cfg, sched_cfg
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from adapipe_cli.cli.main import main
-from adapipe_cli.train import checkpoint
+from adapipe_cli import checkpoint
 from conftest import TINY
 from procs import check_resumed_from, cli, verifies
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adapipe_cli.cli.main import main
-from adapipe_cli.train import checkpoint
+from adapipe_cli import checkpoint
 from conftest import TINY
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from adapipe_cli.cli.main import main
-from adapipe_cli.train import checkpoint
+from adapipe_cli import checkpoint
 from conftest import TINY
 from procs import ENV, check_resumed_from, cli, comm, descendants, records, verifies
 

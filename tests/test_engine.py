@@ -10,7 +10,7 @@ from torch.func import functional_call
 
 from adapipe_cli.model import GPTConfig, build_full_model, build_stages, lm_loss, partition
 from adapipe_cli.schedules import ASYNC, SYNC
-from adapipe_cli.train.optim import StageOptimizer, lr_factor
+from adapipe_cli.optim import StageOptimizer, lr_factor
 from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses
 
 STEPS = 6

@@ -40,7 +40,7 @@ from adapipe_cli.schedules import ASYNC, SYNC, Plan, ScheduleSpec
 from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
 from adapipe_cli.simulator.simulate import min_steady_steps, simulate
-from adapipe_cli.train.optim import StageOptimizer
+from adapipe_cli.optim import StageOptimizer
 
 V, T = 32, 8
 GPT = GPTConfig(vocab_size=V, block_size=T, n_layer=6, d_model=16, n_head=2)

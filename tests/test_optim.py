@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
 
-from adapipe_cli.train import optim
-from adapipe_cli.train.optim import Muon, StageOptimizer, ns_dtype, zeropower_newton_schulz
+from adapipe_cli import optim
+from adapipe_cli.optim import Muon, StageOptimizer, ns_dtype, zeropower_newton_schulz
 from helpers import optim_cfg
 
 COEF = (DEFAULT_A, DEFAULT_B, DEFAULT_C)

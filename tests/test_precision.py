@@ -13,8 +13,8 @@ from adapipe_cli.cli.main import main
 from adapipe_cli.model import build_full_model, build_stages, lm_loss, partition
 from adapipe_cli.runtime.profile import stage_memory
 from adapipe_cli.schedules import ASYNC, SYNC
-from adapipe_cli.train import checkpoint
-from adapipe_cli.train.optim import StageOptimizer, lr_factor
+from adapipe_cli import checkpoint
+from adapipe_cli.optim import StageOptimizer, lr_factor
 from conftest import TINY
 from helpers import GCFG, B, local_runtime, make_data, optim_cfg, run_losses, sched_cfg
 

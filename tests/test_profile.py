@@ -113,7 +113,7 @@ def _scripted_timer(durations):
 def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, make_cfg):
     from adapipe_cli.runtime.profile import measure_profile
     from adapipe_cli.train import build
-    from adapipe_cli.train.optim import StageOptimizer
+    from adapipe_cli.optim import StageOptimizer
 
     cfg = make_cfg("pipeline.stages=2")
     stages, _ = build.make_stages(cfg, build.model_config(cfg, 64))

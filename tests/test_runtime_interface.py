@@ -1,5 +1,5 @@
-"""One runtime interface: both runtimes define every member of :class:`Runtime`, and the runtime
-layer imports neither the training loop nor the CLI (imports run one way)."""
+"""One runtime interface: both runtimes define every member of :class:`Runtime`, and the layers
+below the training loop import neither it nor the CLI (imports run one way)."""
 
 from __future__ import annotations
 
@@ -25,9 +25,13 @@ def test_both_runtimes_define_the_whole_interface():
     assert (DistRuntime.snapshots, DistRuntime.heldout) == (False, False)
 
 
-def test_the_runtime_layer_does_not_import_the_training_loop():
-    code = ("import sys, adapipe_cli.runtime.dist, adapipe_cli.runtime.local, adapipe_cli.runtime.worker; "
-            "print(sorted(m for m in sys.modules if m.startswith(('adapipe_cli.train.loop', 'adapipe_cli.cli'))))")
+def test_imports_run_one_way():
+    """schedules -> model/optim/checkpoint -> runtime/simulator -> ... -> train -> cli: importing the
+    lower layers loads nothing of train/ (a worker builds its stage through train/build.py only
+    when it starts) nor of the CLI."""
+    code = ("import sys, adapipe_cli.schedules, adapipe_cli.simulator.simulate, adapipe_cli.runtime.dist, "
+            "adapipe_cli.runtime.local, adapipe_cli.runtime.worker, adapipe_cli.optim, adapipe_cli.checkpoint; "
+            "print(sorted(m for m in sys.modules if m.startswith(('adapipe_cli.train', 'adapipe_cli.cli'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

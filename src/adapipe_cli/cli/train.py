@@ -37,10 +37,10 @@ def _job_failed(run_dir: Path, message: str, code: int, detail: str = "") -> Non
 def _task(cfg) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from ..checkpoint import CheckpointError
     from ..config import ConfigError
     from ..data import DataError
     from ..runtime.dist import WorkerFailed
-    from ..train.checkpoint import CheckpointError
     from ..train.loop import TrainingDiverged, train
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -110,9 +110,10 @@ def _check_resume(cfg) -> None:
     differ from those the checkpoint recorded."""
     from omegaconf import OmegaConf
 
+    from .. import checkpoint
     from ..data import DataError, build_data
     from ..simulator.clock import CostProfile
-    from ..train import checkpoint, fingerprint
+    from ..train import fingerprint
 
     try:
         # (silent: the Trainer reports a damaged checkpoint when it resumes, once)

@@ -43,7 +43,7 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
-from ..train import checkpoint
+from .. import checkpoint
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed

@@ -18,7 +18,7 @@ import torch
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..simulator.clock import CostProfile, LinkModel, PipelineClock
-from ..train import checkpoint
+from .. import checkpoint
 from .base import StepResult, global_norm, stage_lrs
 from .device import synchronize
 from .errors import TrainingDiverged

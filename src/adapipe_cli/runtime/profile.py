@@ -32,7 +32,7 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from ..model import GPTStage, lm_loss
 from ..simulator.clock import CostProfile
-from ..train.optim import StageOptimizer
+from ..optim import StageOptimizer
 from .device import EventTimer, autocast
 
 PASSES = 2

@@ -40,7 +40,7 @@ from torch.distributed.pipelining._backward import stage_backward_input, stage_b
 
 from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, StageProgram
 from ..schedules.ledger import LIVE, Ledger, StageBytes
-from ..train.optim import StageOptimizer
+from ..optim import StageOptimizer
 from .device import autocast
 from .transport import Transport
 

@@ -20,10 +20,10 @@ After each ``U(t)`` a worker reports its step statistics and times (``rep/{t}/{r
 driver ends the run, every worker evaluates the final version if asked, meets the others at a
 barrier (so that no message still needed is lost) and exits.
 
-Checkpoints (:mod:`..train.checkpoint`): the cut is the gate. At the gate of ``U(k)`` a stage
+Checkpoints (:mod:`..checkpoint`): the cut is the gate. At the gate of ``U(k)`` a stage
 has run exactly the actions before ``U(k)`` in its order, whatever the timing, so its state there
 is a function of the run; where the training loop writes a checkpoint after ``k`` steps
-(:func:`~..train.checkpoint.due`, and :func:`~..train.checkpoint.due_at_end` when the run ends
+(:func:`~..checkpoint.due`, and :func:`~..checkpoint.due_at_end` when the run ends
 at that gate), each worker writes its stage's part into the temporary folder the driver names
 (``save/{k}``) and reports the part's manifest entry (``part/{k}/{rank}``); the driver writes the
 manifest last. What crosses this cut between stages ``s`` and ``s + 1``:
@@ -63,7 +63,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
-from ..train import checkpoint
+from .. import checkpoint
 from .dist_transport import ENDINGS, Board, DistTransport, build_groups
 from .lifeline import die_with_parent, set_name, watch_driver
 from .stage import StageExecutor

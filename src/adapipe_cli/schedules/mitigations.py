@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from ..train.optim import lr_factor
+from ..optim import lr_factor
 from .actions import ASYNC, SYNC, Plan
 
 MITIGATIONS = ("lr_reschedule", "predict", "nesterov")

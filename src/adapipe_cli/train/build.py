@@ -15,7 +15,7 @@ from ..runtime.device import resolve_device
 from ..runtime.profile import measure_profile
 from ..schedules import ASYNC, SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.mitigations import UpdatePolicy
-from .optim import StageOptimizer
+from ..optim import StageOptimizer
 
 
 @dataclass

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from .. import checkpoint
 from ..adaptive.base import Context, Decision, Observation
 from ..config.validate import ConfigError, validate
 from ..data import DataError, build_data
@@ -28,7 +29,7 @@ from ..runtime.local import LocalRuntime
 from ..schedules import SYNC, Plan, ScheduleError
 from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
-from . import build, checkpoint, fingerprint
+from . import build, fingerprint
 from .guard import DivergenceGuard
 from .metrics import RunLog
 from .plots import plot_curves, plot_phases

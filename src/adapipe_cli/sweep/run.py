@@ -148,7 +148,7 @@ class SweepRunner:
                     code = 1
                     (self.grid.dir / c.name).mkdir(parents=True, exist_ok=True)
                     (self.grid.dir / c.name / "error.txt").write_text(f"worker process failed: {e!r}\n")
-                if code == 130:  # a run was interrupted: stop the sweep, not only that run
+                if code in (130, 143):  # a run was interrupted or terminated: stop the sweep, not only that run
                     raise KeyboardInterrupt
                 status, reason = self.state.status(c)
                 cell_result(index, self.total, self.start, self.grid.dir / c.name, time.time() - t0)

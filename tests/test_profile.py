@@ -194,3 +194,15 @@ def test_a_sweep_uses_a_profile_put_in_place_by_adapipe_profile(tmp_path, capsys
     assert main(["sweep", *TINY_GRID, "sweep.only=[sync]", f"sweep.dir={out}"]) == 0
     assert f"profile p2: {placed} (there already)" in capsys.readouterr().err
     assert CostProfile.load(out / "p2_b4_sync_s0" / "profile.json").forward == CostProfile.load(placed).forward
+
+
+def test_microsecond_jitter_does_not_hide_a_slow_forwards_spread():
+    """The warning looks at the work whose spread matters (over 25% and 1 ms): a weight copy of a
+    few microseconds jittering 10x must not mask a forward that took 1.5x in one pass."""
+    from adapipe_cli.runtime.profile import unsteady
+
+    spread = {"forward": [0.0, 0.5], "copy": [10.0, 0.0]}
+    times = {"forward": [0.01, 0.01], "copy": [2e-6, 2e-6]}
+    line = unsteady(spread, times)
+    assert line is not None and "stage 1's forward took 1.5x" in line
+    assert unsteady({"copy": [10.0]}, {"copy": [2e-6]}) is None

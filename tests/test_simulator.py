@@ -276,3 +276,14 @@ def test_cli_bad_input_is_one_line(tmp_path, args, words):
     assert len(lines) == 1 and words in lines[0], out.stderr
     assert "Traceback" not in out.stderr + out.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_weight_copies_are_busy_time_not_bubble():
+    """PipeDream's steady state with a copy cost: every stage copies one version per step, so the
+    step grows by the copy and the bubble stays 0."""
+    p, m = 4, 2
+    n = min_steady_steps(p, m) + 2
+    prof = CostProfile.uniform(p, F, B, 0.0, copy=0.25)
+    r = simulate(ScheduleSpec(p, m), Plan(n, [ASYNC] * n), prof, record=False)
+    assert r.step_time == approx(m * (F + B) + 0.25)
+    assert r.bubble_fraction == approx(0.0)

@@ -8,10 +8,9 @@ import os
 from ..adaptive.fixed import parse_plan
 from ..runtime.device import PRECISIONS, DeviceError, resolve_device
 from ..schedules.mitigations import MITIGATIONS
-from ..schedules.program import WEIGHT_RULES
+from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
 
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "pipedream", "2bw", "adapipe")
-SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")

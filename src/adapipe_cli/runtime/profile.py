@@ -137,8 +137,8 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
 
 
 def _stage_input(tokens: torch.Tensor, d_model: int) -> torch.Tensor:
-    """A random activation entering a stage, drawn on the CPU (whose random state is restored
-    afterwards) and moved to the tokens' device."""
+    """A random activation entering a stage, drawn on the CPU (:func:`measure_profile` restores the
+    CPU's random state) and moved to the tokens' device."""
     rows, seq = tokens.shape
     return torch.randn(rows, seq, d_model).to(tokens.device).requires_grad_(True)
 
@@ -148,29 +148,17 @@ def device_timer(tokens: torch.Tensor, timer: Callable[[], float]) -> Callable[[
     return EventTimer(tokens.device) if tokens.device.type == "cuda" and timer is time.perf_counter else timer
 
 
-def measure_stage(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
-                  targets: torch.Tensor, reps: int,
-                  timer: Callable[[], float] = time.perf_counter,
-                  precision: str = "fp32") -> tuple[float, float, float, float, dict]:
-    """(forward s, backward s, update s, activation bytes, {kind: spread}) of one stage on one
-    microbatch, by :func:`time_interleaved` over ``reps`` rounds per pass."""
-    timer = device_timer(tokens, timer)
-    work, act_bytes = stage_work(stage, make_optimizer, tokens, targets, precision)
-    t = time_interleaved({k: work[k] for k in ("forward", "backward", "update")}, reps, timer=timer)
-    return t["forward"][0], t["backward"][0], t["update"][0], act_bytes, {k: t[k][1] for k in t}
-
-
 def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]]) -> str | None:
-    """One warning line naming the stage and kind of work whose two passes disagree most, when that
-    spread exceeds :data:`SPREAD_LIMIT` (and :data:`SPREAD_FLOOR_S` in seconds); else None."""
-    worst = max(((s, kind) for kind in spread for s in range(len(spread[kind]))),
-                key=lambda sk: spread[sk[1]][sk[0]], default=None)
-    if worst is None:
+    """One warning line naming the stage and kind of work whose two passes disagree most among those
+    whose spread exceeds :data:`SPREAD_LIMIT` and :data:`SPREAD_FLOOR_S` in seconds (microsecond
+    work, a weight copy or an empty input gradient, jitters by large factors and must not hide a
+    slow forward's spread); else None."""
+    over = [(s, kind) for kind in spread for s in range(len(spread[kind]))
+            if spread[kind][s] > SPREAD_LIMIT and spread[kind][s] * times[kind][s] > SPREAD_FLOOR_S]
+    if not over:
         return None
-    s, kind = worst
+    s, kind = max(over, key=lambda sk: spread[sk[1]][sk[0]])
     value = spread[kind][s]
-    if value <= SPREAD_LIMIT or value * times[kind][s] <= SPREAD_FLOOR_S:
-        return None
     return (f"adapipe: warning: unsteady cost profile: stage {s}'s {kind} took {1 + value:.1f}x as long in one "
             f"measuring pass as in the other (other work on this machine?), so the pipeline clock may be wrong; "
             f"for a quiet measurement use pipeline.threads=1 on an idle machine, or measure once with "

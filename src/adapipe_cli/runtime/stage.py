@@ -235,10 +235,6 @@ class StageExecutor:
         self._release()
         return self.work
 
-    def _weights(self, version: int, phase: str, step: int) -> list[torch.Tensor] | None:
-        """Tensors to compute with for ``version``: None means the live parameters."""
-        return self._tensors(self.ledger.weights(version, phase, step, self.work))
-
     def _tensors(self, key: tuple) -> list[torch.Tensor] | None:
         """The tensors of the ledger's buffer ``key``, materialised the first time they are used."""
         if key == LIVE:
@@ -375,7 +371,7 @@ class StageExecutor:
         pipelining helpers). The first stage has no input gradient: its ``W`` runs the whole
         backward."""
         rec = self.inflight[a.mb]
-        grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb)
+        grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb).to(rec.out.dtype)
         if self.first:
             rec.split = grad_out
             return

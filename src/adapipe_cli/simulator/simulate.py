@@ -77,12 +77,17 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
             return len(waiting) == p
         return True
 
+    extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
+
     def execute(s: int, a: Action) -> list[int]:
         kind = a.kind
         led, prog = ledgers[s], programs[s]
         needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
         work = led.run(a, prog.floor_version(), needed, mit)
-        start, end = clock.run(s, a, profile.cost(s, kind, work))
+        cost = profile.cost(s, kind, work)
+        if work:
+            extra[a.step] = extra.get(a.step, 0.0) + cost - profile.cost(s, kind)
+        start, end = clock.run(s, a, cost)
         if record and kind != EVAL:
             timeline.append((s, kind, a.mb, a.step, start, end))
         woken: list[int] = []
@@ -104,12 +109,16 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     n = len(clock.update_end)
     ends = [clock.update_end[t] for t in range(n)]
     makespan = ends[-1] if ends else 0.0
-    step_time = _steady_step_time(ends, lookahead(p, spec.microbatches) + 1)
+    skip = lookahead(p, spec.microbatches) + 1
+    step_time = _steady_step_time(ends, skip)
     split = spec.sync == "zbh1" and all(ph == SYNC for ph in plan.phases[:n])
     back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
     work = sum(spec.microbatches * (profile.forward[s] + back[s]) + profile.update[s] for s in range(p))
-    # (the bubble is idle time against the work of a step's own kinds; extra work is not idle)
-    bubble = 1.0 - work / (p * step_time) if step_time > 0 else 0.0
+    # the extra work (copies, predictions, recomputed forwards) is busy time, not bubble: its mean
+    # per step over the steps the steady step time spans
+    window = _steady_window(n, skip)
+    busy_extra = sum(extra.get(t, 0.0) for t in window) / len(window) if window else 0.0
+    bubble = 1.0 - (work + busy_extra) / (p * step_time) if step_time > 0 else 0.0
     busy = clock.busy
     return SimResult(
         stages=p,
@@ -133,6 +142,14 @@ def min_steady_steps(stages: int, microbatches: int) -> int:
     """Steps a run needs for its steady-state step time to leave out the fill and the drain:
     ``2 * (lookahead(p, m) + 1) + 3`` (a run of flushed sync steps is steady from its first)."""
     return 2 * (lookahead(stages, microbatches) + 1) + 3
+
+
+def _steady_window(n: int, skip: int) -> range:
+    """The steps whose time :func:`_steady_step_time` averages (it leaves ``skip`` at either end
+    out when the run is long enough)."""
+    if n < 2:
+        return range(n)
+    return range(skip + 1, n - skip) if n > 2 * skip + 2 else range(n)
 
 
 def _steady_step_time(ends: list[float], skip: int) -> float:

@@ -28,7 +28,7 @@ def run(run_dir, *overrides):
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
 
 
-@pytest.mark.parametrize("stop", [5, 10, 15])
+@pytest.mark.parametrize("stop", [pytest.param(5, marks=pytest.mark.slow), 10, pytest.param(15, marks=pytest.mark.slow)])
 def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
     whole = tmp_path / "whole"
     assert run(whole, *MIXED, "train.max_steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=4") == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,3 +82,13 @@ def verifies(folder) -> bool:
         return True
     except Exception:
         return False
+
+
+def cut_at(whole: Path, cut: Path, stop: int) -> Path:
+    """A copy of a finished run as if it had been stopped right after the checkpoint of ``stop``."""
+    shutil.copytree(whole, cut)
+    for folder in checkpoint.complete(cut):
+        if int(folder.name.split("-")[1]) > stop:
+            shutil.rmtree(folder)
+    (cut / "summary.json").unlink()
+    return cut

@@ -13,7 +13,7 @@ import pytest
 from adapipe_cli.cli.main import main
 from adapipe_cli import checkpoint
 from conftest import TINY
-from procs import check_resumed_from, cli, verifies
+from procs import check_resumed_from, cli, cut_at, verifies
 
 MIXED = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,4],[async,6],[sync,3],[async,null]]",
          "pipeline.stages=4", "pipeline.microbatches=2", "schedule.mitigation=[predict]"]
@@ -32,12 +32,7 @@ def run(run_dir, *overrides):
 def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
     whole = tmp_path / "whole"
     assert run(whole, *MIXED, "train.max_steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=4") == 0
-    cut = tmp_path / "cut"
-    shutil.copytree(whole, cut)
-    for folder in checkpoint.complete(cut):  # as if the run had been stopped right after step `stop`
-        if int(folder.name.split("-")[1]) > stop:
-            shutil.rmtree(folder)
-    (cut / "summary.json").unlink()
+    cut = cut_at(whole, tmp_path / "cut", stop)  # as if stopped right after that step
     assert main(["train", f"train.resume={cut}"]) == 0
     assert records(cut) == records(whole)
     s_whole, s_cut = (json.loads((d / "summary.json").read_text()) for d in (whole, cut))

@@ -4,14 +4,13 @@ sessions, which had no GPU). scripts/gpu_check.sh runs the larger checks."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
 
 from adapipe_cli.cli.main import main
-from adapipe_cli import checkpoint
 from conftest import TINY
+from procs import cut_at
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -50,12 +49,7 @@ def test_checkpoint_moves_between_gpu_and_cpu(tmp_path, there, back):
              "pipeline.stages=2", "pipeline.microbatches=2"]
     whole = tmp_path / "whole"
     assert run(whole, *mixed, f"pipeline.device={there}", "train.checkpoint_every=4", "train.keep_checkpoints=4") == 0
-    cut = tmp_path / "cut"
-    shutil.copytree(whole, cut)
-    for folder in checkpoint.complete(cut):
-        if int(folder.name.split("-")[1]) > 4:
-            shutil.rmtree(folder)
-    (cut / "summary.json").unlink()
+    cut = cut_at(whole, tmp_path / "cut", 4)  # as if stopped right after that step
     assert main(["train", f"train.resume={cut}", f"pipeline.device={back}"]) == 0
     a, b = losses(whole), losses(cut)
     assert len(a) == len(b) and all(abs(x - y) <= CUDA_REL_TOL * y for x, y in zip(a, b)), (a, b)

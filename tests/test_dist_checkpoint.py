@@ -21,7 +21,7 @@ import torch
 from adapipe_cli.cli.main import main
 from adapipe_cli import checkpoint
 from conftest import TINY
-from procs import ENV, check_resumed_from, cli, comm, descendants, records, verifies
+from procs import ENV, check_resumed_from, cli, comm, cut_at, descendants, records, verifies
 
 DIST = ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
 # steps 0-1 sync, 2-6 async, 7-9 sync, 10- async: cuts before a drain (6), before a fill (9) and in
@@ -42,16 +42,6 @@ CASES = {
 
 def run(run_dir: Path, *overrides: str) -> int:
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
-
-
-def cut_at(whole: Path, cut: Path, stop: int) -> Path:
-    """A copy of a finished run as if it had been stopped right after the checkpoint of ``stop``."""
-    shutil.copytree(whole, cut)
-    for folder in checkpoint.complete(cut):
-        if int(folder.name.split("-")[1]) > stop:
-            shutil.rmtree(folder)
-    (cut / "summary.json").unlink()
-    return cut
 
 
 def crossing(folder: Path, stages: int) -> int:

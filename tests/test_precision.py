@@ -4,7 +4,6 @@ pipeline.device errors. (CUDA itself: tests/test_cuda.py, skipped without a GPU.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
@@ -13,9 +12,9 @@ from adapipe_cli.cli.main import main
 from adapipe_cli.model import build_full_model, build_stages, lm_loss, partition
 from adapipe_cli.runtime.profile import stage_memory
 from adapipe_cli.schedules import ASYNC, SYNC
-from adapipe_cli import checkpoint
 from adapipe_cli.optim import StageOptimizer, lr_factor
 from conftest import TINY
+from procs import cut_at
 from helpers import GCFG, B, local_runtime, make_data, optim_cfg, run_losses, sched_cfg
 
 # bf16 matrix products are ~35x slower than fp32 on CPUs without bf16 units: few, tiny steps
@@ -109,12 +108,7 @@ def test_bf16_checkpoint_resumes_exactly(tmp_path):
              "schedule.mitigation=[predict]", "train.precision=bf16"]
     whole = tmp_path / "whole"
     assert run(whole, *mixed, "train.max_steps=8", "train.checkpoint_every=4", "train.keep_checkpoints=4") == 0
-    cut = tmp_path / "cut"
-    shutil.copytree(whole, cut)
-    for folder in checkpoint.complete(cut):
-        if int(folder.name.split("-")[1]) > 4:
-            shutil.rmtree(folder)
-    (cut / "summary.json").unlink()
+    cut = cut_at(whole, tmp_path / "cut", 4)  # as if stopped right after that step
     assert main(["train", f"train.resume={cut}"]) == 0
     assert records(cut, "step") == records(whole, "step") and records(cut, "eval") == records(whole, "eval")
 

@@ -18,7 +18,7 @@ from adapipe_cli.config import ConfigError
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
-from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
+from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
 from conftest import TINY
 from procs import ENV, alive, comm, descendants, records
@@ -37,7 +37,8 @@ def local_and_dist(make_cfg, tmp_path, *overrides):
 # operations, with one thread, and a collective sums in stage order.
 SWITCHES = "heuristic.plan=[[async,3],[sync,2],[async,null]]"  # decided by the driver, applied by every worker
 FAST = [("1f1b", 2, 2, ""), ("adapipe", 4, 2, SWITCHES)]  # m < p: evaluations moved before updates
-SLOW = [("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh1"), ("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
+SLOW = [("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh1"),
+        ("zbh2", 3, 8, "optim.grad_clip=0"), ("zbh2", 2, 4, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh2 optim.grad_clip=0"), ("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
         ("pipedream", 4, 2, ""), ("2bw", 4, 4, "")]
 
 
@@ -85,7 +86,8 @@ def test_backend_choice_and_device_errors(make_cfg):
 
 
 # -- the worker's order --------------------------------------------------------------------------
-def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str, every: int) -> list[list[int]]:
+def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str, every: int,
+                      barrier: bool = True) -> list[list[int]]:
     """Walks every stage's worker order (:class:`EvalOrder`) with the driver's gate (``U(t)``
     waits until every stage has applied ``U(t-1)`` and the last stage has evaluated version
     ``t`` when it was due); returns each stage's evaluated versions. Raises on a deadlock."""
@@ -95,7 +97,7 @@ def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str
     def eval_at(t):
         return t == -1 or (t + 1) % every == 0 or t + 1 == n
 
-    spec = ScheduleSpec(p, m, sync, weights)
+    spec = ScheduleSpec(p, m, sync, weights, barrier)
     orders = [EvalOrder(StageProgram(s, spec, plan, eval_at), eval_at) for s in range(p)]
     done: set[tuple] = set()
     updates, evals, arrived = [0] * p, [[] for _ in range(p)], {}
@@ -103,13 +105,15 @@ def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str
     def ready(s, a):
         if a.kind == FORWARD:
             return s == 0 or ("F", s - 1, a.mb) in done
-        if a.kind == BACKWARD:
-            return s == p - 1 or ("B", s + 1, a.mb) in done
+        if a.kind in (BACKWARD, INPUT):
+            return s == p - 1 or (a.kind, s + 1, a.mb) in done
+        if a.kind == WEIGHT:
+            return True
         if a.kind == EVAL:
             return s == 0 or ("E", s - 1, a.version) in done
         if min(updates) < a.step or (eval_at(a.step - 1) and ("E", p - 1, a.step) not in done):
             return False  # the gate
-        if a.phase == SYNC:
+        if a.phase == SYNC and barrier:
             arrived.setdefault(a.step, set()).add(s)
             return len(arrived[a.step]) == p
         return True
@@ -130,12 +134,14 @@ def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str
 @pytest.mark.parametrize("p,m", [(2, 1), (3, 2), (4, 1), (4, 2), (4, 4), (5, 3)])
 def test_worker_order_with_the_gate_cannot_deadlock(p, m):
     mixed = ["sync", "async", "async", "sync", "async", "async", "async", "sync"]
-    for sync, weights in (("1f1b", "stash"), ("gpipe", "stash"), ("zbh1", "stash"), ("1f1b", "2bw"), ("1f1b", "vertical")):
+    for sync, weights, barrier in (("1f1b", "stash", True), ("gpipe", "stash", True), ("zbh1", "stash", True),
+                                   ("zbh2", "stash", True), ("zbh2", "stash", False), ("1f1b", "2bw", True),
+                                   ("1f1b", "vertical", True)):
         if weights == "2bw" and m < p - 1:
             continue
         for phases in (["async"] * 8, ["sync"] * 8, mixed):
             for every in (1, 3):
-                evals = run_worker_orders(p, m, phases, sync, weights, every)
+                evals = run_worker_orders(p, m, phases, sync, weights, every, barrier)
                 want = sorted({0, *(t + 1 for t in range(8) if (t + 1) % every == 0 or t == 7)})
                 assert evals == [want] * p
 

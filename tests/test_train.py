@@ -95,7 +95,7 @@ def test_help_lists_commands_and_groups(capsys):
     text = capsys.readouterr().out
     groups = dict(line.strip().split(": ", 1) for line in text.split("Config groups")[1].split("\n\n")[0].splitlines()[1:])
     assert set(groups) == {"data", "heuristic", "logger", "model", "optim", "pipeline", "schedule"}  # no sweep
-    assert groups["schedule"] == "1f1b, 2bw, adapipe, gpipe, pipedream, zbh1" and groups["data"].startswith("synthetic")
+    assert groups["schedule"] == "1f1b, 2bw, adapipe, gpipe, pipedream, zbh1, zbh2" and groups["data"].startswith("synthetic")
     assert not any("base" in options.split(", ") for options in groups.values())
     assert "pipeline:\n  stages: 4" in text  # the composed config follows
     assert main(["simulate", "--help"]) == 0  # the same for adapipe simulate: no bases

@@ -1,16 +1,19 @@
-"""ZB-H1 (zero-bubble, backward split into I and W): exact synchronous training at depths 2, 4 and
-8, AdaPipe's sync phase, the simulator's bubble against the zero-bubble paper's closed form, and
-the memory ledger (the same peak as 1F1B's first stage)."""
+"""ZB-H1 and ZB-H2 (zero-bubble, backward split into I and W): exact synchronous training at depths
+2, 4 and 8, AdaPipe's sync phase, the simulator's bubble against the zero-bubble paper's closed
+forms, and the memory ledger (ZB-H1: 1F1B's first stage's peak; ZB-H2: 2p - 1 microbatches)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
-from adapipe_cli.model import GPTConfig
-from adapipe_cli.schedules import ASYNC, INPUT, SYNC, WEIGHT, Plan, ScheduleSpec, StageProgram
+from adapipe_cli.model import GPTConfig, build_full_model, lm_loss
+from adapipe_cli.optim import StageOptimizer, lr_factor
+from adapipe_cli.schedules import ASYNC, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
+from adapipe_cli.schedules.ledger import StageBytes
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.simulate import simulate
-from helpers import GCFG, local_runtime, make_data, rel_close, run_losses
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses
 from test_engine import reference_sync
 
 STEPS = 5
@@ -81,3 +84,128 @@ def test_zbh1_action_lists(p, m):
             assert kinds.index(("F", j)) < kinds.index((INPUT, j)) < kinds.index((WEIGHT, j))
             if j + s < m:  # W(j) right after I(j + s)
                 assert kinds.index((WEIGHT, j)) == kinds.index((INPUT, j + s)) + 1
+
+
+# -- ZB-H2 ---------------------------------------------------------------------------------------
+def reference_with_norms(data, m, clip, gcfg, steps=STEPS):
+    """Single-process gradient accumulation: per step, the mean loss and the global gradient norm
+    before clipping."""
+    model = build_full_model(gcfg, seed=0)
+    params = [p for _, p in model.named_parameters()]
+    opt = StageOptimizer(list(model.named_parameters()), optim_cfg(grad_clip=clip))
+    losses, norms = [], []
+    for t in range(steps):
+        x, y = data[t]
+        mb, total = B // m, 0.0
+        for i in range(m):
+            loss = lm_loss(model(x[i * mb:(i + 1) * mb]), y[i * mb:(i + 1) * mb])
+            (loss / m).backward()
+            total += loss.item()
+        norms.append(float(torch.sqrt(sum(p.grad.pow(2).sum() for p in params))))
+        if clip:
+            torch.nn.utils.clip_grad_norm_(params, clip)
+        opt.step(lr_factor(t, 2, steps, 0.1))  # (and sets every .grad to None)
+        losses.append(total / m)
+    return losses, norms
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])  # 0: no barrier at the update (steps overlap)
+@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 2), (4, 8), (8, 1), (8, 8)])
+def test_zbh2_equals_single_process_gradient_accumulation(p, m, clip):
+    gcfg = DEEP if p == 8 else GCFG
+    data = make_data(STEPS)
+    ref_losses, ref_norms = reference_with_norms(data, m, clip, gcfg)
+    rt = local_runtime(p, m, [SYNC] * STEPS, data, sync="zbh2", gcfg=gcfg, clip=clip)
+    assert rt.spec.barrier == (clip > 0)
+    got = [rt.run_step(t) for t in range(STEPS)]
+    assert rel_close([r.loss for r in got], ref_losses, 1e-5), ([r.loss for r in got], ref_losses)
+    assert rel_close([r.grad_norm for r in got], ref_norms, 1e-5), ([r.grad_norm for r in got], ref_norms)
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.0])
+def test_adapipe_with_a_zbh2_sync_phase_drains_and_fills_like_1f1b(clip):
+    """A switch into a ZB-H2 step drains the async stream first, a switch out of one starts a new
+    fill; without the update's barrier a stage starts the next step while later stages finish
+    theirs: the same numbers as with 1F1B."""
+    phases = [SYNC, ASYNC, ASYNC, ASYNC, SYNC, SYNC, ASYNC, ASYNC, SYNC]
+    data = make_data(len(phases))
+    zb = run_losses(local_runtime(4, 2, phases, data, sync="zbh2", clip=clip), len(phases))
+    base = run_losses(local_runtime(4, 2, phases, data, sync="1f1b", clip=clip), len(phases))
+    assert rel_close(zb, base, 1e-5), (zb, base)
+
+
+def zbh2_lists(p, m):
+    out = []
+    for s in range(p):
+        prog = StageProgram(s, ScheduleSpec(p, m, "zbh2"), Plan(1, [SYNC]))
+        acts = []
+        while (a := prog.pop()) is not None:
+            acts.append(a)
+        out.append([(a.kind, a.mb) for a in acts])
+    return out
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 2), (4, 8), (4, 16)])
+def test_zbh2_action_lists(p, m):
+    """Stage s: min(m, 2(p - s) - 1) warm-up forwards before its first I; every microbatch's F, I,
+    W in that order, each once; at most 2p - 1 microbatches forwarded and not yet through their W;
+    one update at the end."""
+    for s, kinds in enumerate(zbh2_lists(p, m)):
+        assert kinds[-1][0] == UPDATE and len(kinds) == 3 * m + 1
+        assert kinds[:min(m, 2 * (p - s) - 1)] == [(FORWARD, j) for j in range(min(m, 2 * (p - s) - 1))]
+        assert kinds[min(m, 2 * (p - s) - 1)] == (INPUT, 0)
+        for j in range(m):
+            assert kinds.index((FORWARD, j)) < kinds.index((INPUT, j)) < kinds.index((WEIGHT, j))
+        held = [sum(k == FORWARD for k, _ in kinds[:i + 1]) - sum(k == WEIGHT for k, _ in kinds[:i + 1])
+                for i in range(len(kinds))]
+        assert max(held) == min(m, 2 * p - 1)
+
+
+@pytest.mark.parametrize("p,m", [(2, 3), (2, 8), (3, 5), (4, 7), (4, 12), (8, 15), (8, 24)])
+@pytest.mark.parametrize("c", [1.0, 0.5])
+def test_zbh2_bubble_and_memory_are_the_papers_closed_forms(p, m, c):
+    """F = I = W = c, m >= 2p - 1 (Qi et al. 2024, table 1): ZB-H2's bubble per step is
+    (p - 1)(F + I - 2W) = 0 without the update's barrier, so a step takes 3mc; with the barrier
+    (clipping) it takes ZB-H1's 3mc + (p - 1)c. Every stage holds 2p - 1 microbatches (1F1B's
+    first stage p) and one weight set."""
+    prof = CostProfile.uniform(p, c, 2 * c, 0.0)
+    plan = lambda: Plan(8, [SYNC] * 8)  # noqa: E731
+    free = simulate(ScheduleSpec(p, m, "zbh2", barrier=False), plan(), prof, record=False)
+    held = simulate(ScheduleSpec(p, m, "zbh2"), plan(), prof, record=False)
+    zb1 = simulate(ScheduleSpec(p, m, "zbh1"), plan(), prof, record=False)
+    one = simulate(ScheduleSpec(p, m, "1f1b"), plan(), prof, record=False)
+    assert free.step_time == pytest.approx(3 * m * c) and free.bubble_fraction == pytest.approx(0.0, abs=1e-12)
+    assert held.step_time == pytest.approx(3 * m * c + (p - 1) * c) == pytest.approx(zb1.step_time)
+    assert free.peak_activations == held.peak_activations == [2 * p - 1] * p
+    assert max(one.peak_activations) == p
+    assert [d["peak_param_sets"] for d in free.memory] == [1] * p
+
+
+@pytest.mark.parametrize("p,m", [(2, 1), (4, 2), (4, 4), (4, 6), (5, 3)])
+def test_zbh2_with_fewer_microbatches_than_its_warm_up_is_no_slower_than_zbh1(p, m):
+    prof = CostProfile.uniform(p, 1.0, 2.0, 0.0)
+    for barrier in (True, False):
+        zb2 = simulate(ScheduleSpec(p, m, "zbh2", barrier=barrier), Plan(6, [SYNC] * 6), prof, record=False)
+        zb1 = simulate(ScheduleSpec(p, m, "zbh1"), Plan(6, [SYNC] * 6), prof, record=False)
+        assert 3 * m <= zb2.step_time <= zb1.step_time
+        assert zb2.peak_activations == [m] * p
+
+
+def test_zbh2_ledger_bytes_on_the_executor_and_the_simulator():
+    """The ledger's peak, driven by the stage executor (local runtime) and by the simulator: with
+    m >= 2p, every stage at once holds one parameter set, one gradient accumulator, the optimizer
+    state and 2p - 1 microbatches' activations, P + G + O + (2p - 1) A."""
+    p, m, P, O, A = 2, 8, 1000.0, 2000.0, 10.0
+    prof = CostProfile.uniform(p)
+    prof.memory = {"params": [P] * p, "optimizer": [O] * p, "activation": [A] * p}
+    assert prof.stage_bytes(0) == StageBytes(P, O, A)
+    want = [2 * P + O + (2 * p - 1) * A] * p
+    sim = simulate(ScheduleSpec(p, m, "zbh2", barrier=False), Plan(3, [SYNC] * 3), prof, record=False)
+    assert [d["peak_bytes"] for d in sim.memory] == want
+    assert [d["peak_activation_bytes"] for d in sim.memory] == [(2 * p - 1) * A] * p
+    rt = local_runtime(p, m, [SYNC] * 3, make_data(3), sync="zbh2", clip=0.0, profile=prof)
+    times = [rt.run_step(t).time_s for t in range(3)]
+    assert [d["peak_bytes"] for d in rt.memory()] == want
+    # the local runtime's clock overlaps the steps as the simulator does: 3m per step (F = 1, I = W = 1)
+    assert times == pytest.approx(sim.update_end)
+    assert times[2] - times[1] == pytest.approx(3 * m)

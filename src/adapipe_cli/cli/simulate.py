@@ -175,6 +175,10 @@ def summary_text(name: str, setup: Setup, res) -> str:
         f"utilization      {util:.4f} (mean over stages, whole run)",
         f"makespan         {res.makespan:.6g} s",
     ]
+    if spec.sync == "zbh2" and "sync" in phases_used:
+        lines.append("note: zbh2's updates " + ("wait for every stage (clipping by the global norm or tied embeddings): "
+                                                "optim.grad_clip=0 with untied embeddings lets its steps overlap"
+                                                if spec.barrier else "do not wait for the other stages: its steps overlap"))
     if not res.steady:
         lines.append(f"note: {res.steps} steps are too few to leave out the fill and the drain; "
                      f"use steps={min_steady_steps(spec.stages, spec.microbatches)} or more for the steady state")

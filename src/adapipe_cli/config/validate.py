@@ -10,7 +10,7 @@ from ..runtime.device import PRECISIONS, DeviceError, resolve_device
 from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
 
-SCHEDULES = ("1f1b", "gpipe", "zbh1", "pipedream", "2bw", "adapipe")
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "pipedream", "2bw", "adapipe")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -75,7 +75,7 @@ def _check_schedule(cfg) -> None:
     s, p = cfg.schedule, cfg.pipeline
     _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
     if s.name == "adapipe":
-        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use 1f1b, gpipe or zbh1")
+        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
         _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use pipedream or 2bw")
     _need(s.weights in WEIGHT_RULES[:3], f"unknown schedule.weights={s.weights!r}: use stash, latest or vertical")
     for name in s.mitigation:
@@ -90,7 +90,7 @@ def _check_schedule(cfg) -> None:
     uses_async = s.name in ASYNC_SCHEDULES or s.name == "adapipe"
     _need(not (uses_async and cfg.model.tie_embeddings and p.stages > 1),
           "model.tie_embeddings=true needs a synchronous schedule when pipeline.stages > 1 (the first and last "
-          "stage sum their embedding gradients at a flush): use schedule=1f1b, gpipe or zbh1, or untied embeddings")
+          "stage sum their embedding gradients at a flush): use schedule=1f1b, gpipe, zbh1 or zbh2, or untied embeddings")
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
     if s.name == "adapipe" and cfg.heuristic.name == "fixed":
         try:

@@ -63,7 +63,7 @@ class LocalRuntime:
         ]
         self.profile = profile  # None: each action's measured duration is its cost
         self.device = device or torch.device("cpu")  # every stage's; tensors pass between stages as they are
-        self.clock = PipelineClock(self.p, link, profile.act_bytes if profile else 0.0)
+        self.clock = PipelineClock(self.p, link, profile.act_bytes if profile else 0.0, spec.barrier)
         self.updated = [-1] * self.p  # last step each stage has updated
         self.arrived: set[tuple[int, int]] = set()
         self.order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))

@@ -121,6 +121,8 @@ class StageExecutor:
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
         self.tied_index = self._tied_index() if self.tied else -1
+        if not program.spec.barrier and (grad_clip > 0 or self.tied):
+            raise ValueError("a sync update without a barrier can neither clip by the global norm nor sum tied embeddings")
         mit = set(getattr(policy, "mitigations", ()))
         self.ledger = Ledger(index, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
                              nbytes=nbytes or StageBytes())
@@ -166,7 +168,7 @@ class StageExecutor:
             return self.last or t.ready("grad", self.s + 1, self.s, a.mb)
         if a.kind == EVAL:
             return self.first or t.ready("eval", self.s - 1, self.s, (a.version, 0))
-        if a.kind == UPDATE and a.phase == SYNC:
+        if a.kind == UPDATE and a.phase == SYNC and self.program.spec.barrier:
             return self._sync_norm(a.step) is not None
         return True
 
@@ -406,10 +408,12 @@ class StageExecutor:
         ``min(1, grad_clip / (||g|| + 1e-6))`` of the global norm ``||g||`` over all stages: exact
         in sync, the newest known shares in async (see the module docstring)."""
         st = self.stats.setdefault(a.step, StepStats())
-        if a.phase == SYNC:
+        if a.phase == SYNC and self.program.spec.barrier:
             sq = float(self._sync_norm(a.step))  # sums tied gradients first
             del self._norms[a.step]
             st.grad_sq = self.known[self.s][1]
+        elif a.phase == SYNC:  # no barrier: nothing to clip by, no tied copy (see ScheduleSpec.barrier)
+            sq = st.grad_sq = float(self._sq_norm(self.grads[a.step]))
         grads = self.grads.pop(a.step)
         if a.phase != SYNC:
             own = self.known[self.s][1]

@@ -17,6 +17,10 @@ Within a segment of microbatches ``[a, b)`` stage ``s`` of ``p`` runs
   that 1F1B leaves. A microbatch's activations live until its ``W``, so every stage holds at most
   ``p`` microbatches, 1F1B's peak (stage 0's); with ``F = I = W`` the bubble falls from 1F1B's
   ``(p - 1)(F + I + W)`` to ``(p - 1)(F + I - W)`` per step.
+- ZB-H2 (sync only; the same paper): the same split, with up to ``2(p - s) - 1`` warm-up forwards
+  at stage ``s`` and the ``W`` deferred to the tail (:mod:`.zero_bubble`): every stage holds up to
+  ``2p - 1`` microbatches, and without the update's barrier (``ScheduleSpec.barrier``) the bubble
+  per step is ``(p - 1)(F + I - 2W)``, zero at ``F = I = W``.
 
 and the update ``U(t)`` right after the backward of the last microbatch of step ``t``.
 
@@ -40,9 +44,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, Plan
+from .zero_bubble import zbh2_order
 
 WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
-SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1")
+SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2")
+SPLIT_SCHEDULES = ("zbh1", "zbh2")  # sync schedules whose backward is split into I and W
 
 
 class ScheduleError(ValueError):
@@ -55,8 +61,11 @@ class ScheduleSpec:
 
     stages: int
     microbatches: int
-    sync: str = "1f1b"  # 1f1b | gpipe | zbh1
+    sync: str = "1f1b"  # 1f1b | gpipe | zbh1 | zbh2
     weights: str = "stash"  # async weight rule: stash | latest | vertical | 2bw
+    # a sync update waits for every stage (the global gradient norm for clipping, the tied
+    # embedding's sum); False (zbh2 without either) lets each stage update after its own last W
+    barrier: bool = True
 
     def check(self) -> None:
         if self.sync not in SYNC_SCHEDULES:
@@ -173,6 +182,12 @@ class StageProgram:
                 yield from self._forward(j, t, SYNC)
             for j in mbs:
                 yield Action(BACKWARD, j, t, t, SYNC)
+        elif self.spec.sync == "zbh2":
+            for kind, i in zbh2_order(self.p, m)[self.s]:
+                if kind == FORWARD:
+                    yield from self._forward(a + i, t, SYNC)
+                else:
+                    yield Action(kind, a + i, t, t, SYNC)
         elif self.spec.sync == "zbh1":
             w, lag = min(self.p - self.s - 1, m), self.s  # warm-up forwards; how far each W trails its I
             for j in range(a, a + w):

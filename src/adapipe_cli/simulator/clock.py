@@ -5,7 +5,7 @@ An action starts when its stage is free and its input has arrived, and lasts its
 - ``F(j)`` at stage s > 0 waits for ``F(j)`` at s-1 plus the link time of one activation;
 - ``B(j)`` at stage s < p-1 waits for ``B(j)`` at s+1 plus the link time of one gradient;
 - a synchronous ``U(t)`` is a collective (global gradient norm): it starts when every stage has
-  arrived at it.
+  arrived at it (without the barrier, ZB-H2's, when its stage is free).
 
 The local runtime feeds this clock with measured (or profiled) costs, so its ``time_s`` is the
 time a pipeline of p devices, each as fast as this machine's core, would have taken. The simulator
@@ -126,8 +126,9 @@ class LinkModel:
 class PipelineClock:
     """Start and end time of every action, from its cost and its dependencies."""
 
-    def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0):
+    def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0, barrier: bool = True):
         self.p = stages
+        self.barrier = barrier  # a sync update starts when every stage has reached it (ScheduleSpec.barrier)
         self.link_time = (link or LinkModel()).time(act_bytes)
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
@@ -148,7 +149,7 @@ class PipelineClock:
             start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
         elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:
             start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
-        elif a.kind == UPDATE and a.phase == SYNC and self.p > 1:
+        elif a.kind == UPDATE and a.phase == SYNC and self.p > 1 and self.barrier:
             start = max(start, max(self._arrivals[a.step]))
         elif a.kind == EVAL:
             return start, start  # evaluation is not on the training clock

@@ -16,6 +16,7 @@ from ..runtime.walk import walk
 from ..schedules import (BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram,
                          lookahead)
 from ..schedules.ledger import Ledger
+from ..schedules.program import SPLIT_SCHEDULES
 from .clock import CostProfile, LinkModel, PipelineClock
 
 
@@ -54,7 +55,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     if profile.stages != p:
         raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
     programs = [StageProgram(s, spec, plan) for s in range(p)]
-    clock = PipelineClock(p, link, profile.act_bytes)
+    clock = PipelineClock(p, link, profile.act_bytes, spec.barrier)
     mit = set(mitigations)
     ledgers = [Ledger(s, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
                       nbytes=profile.stage_bytes(s)) for s in range(p)]
@@ -74,7 +75,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
             if s not in waiting:
                 waiting.add(s)
                 clock.arrive(s, a.step)
-            return len(waiting) == p
+            return len(waiting) == p or not spec.barrier
         return True
 
     extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
@@ -111,7 +112,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     makespan = ends[-1] if ends else 0.0
     skip = lookahead(p, spec.microbatches) + 1
     step_time = _steady_step_time(ends, skip)
-    split = spec.sync == "zbh1" and all(ph == SYNC for ph in plan.phases[:n])
+    split = spec.sync in SPLIT_SCHEDULES and all(ph == SYNC for ph in plan.phases[:n])
     back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
     work = sum(spec.microbatches * (profile.forward[s] + back[s]) + profile.update[s] for s in range(p))
     # the extra work (copies, predictions, recomputed forwards) is busy time, not bubble: its mean

@@ -14,6 +14,7 @@ from ..model import GPTConfig, build_stages, partition
 from ..runtime.device import resolve_device
 from ..runtime.profile import measure_profile
 from ..schedules import ASYNC, SYNC, Plan, ScheduleSpec, lookahead
+from ..schedules.program import SYNC_SCHEDULES
 from ..schedules.mitigations import UpdatePolicy
 from ..optim import StageOptimizer
 
@@ -27,14 +28,22 @@ class ScheduleChoice:
 def schedule_choice(cfg) -> ScheduleChoice:
     s, p, m = cfg.schedule, cfg.pipeline.stages, cfg.pipeline.microbatches
     name = s.name
-    if name in ("1f1b", "gpipe", "zbh1"):
-        return ScheduleChoice(ScheduleSpec(p, m, name, "stash"), SYNC)
+    if name in SYNC_SCHEDULES:
+        return ScheduleChoice(ScheduleSpec(p, m, name, "stash", barrier=update_barrier(cfg, name)), SYNC)
     if name == "pipedream":
         return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights), ASYNC)
     if name == "2bw":
         return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw"), ASYNC)
     weights = "2bw" if s["async"] == "2bw" else s.weights
-    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights), None)
+    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync)), None)
+
+
+def update_barrier(cfg, sync: str) -> bool:
+    """Whether a sync update waits for every stage: always, except ZB-H2's when there is no global
+    norm to clip by and no tied embedding to sum (the zero-bubble paper drops the optimizer's
+    synchronization; an exact update that clips needs it)."""
+    tied = cfg.model.tie_embeddings and cfg.pipeline.stages > 1
+    return sync != "zbh2" or cfg.optim.grad_clip > 0 or tied
 
 
 def model_config(cfg, vocab_size: int) -> GPTConfig:

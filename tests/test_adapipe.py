@@ -49,7 +49,7 @@ TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=
                 "train.max_steps=120", "train.eval_every=10", "train.target_ppl=6"]
 
 
-@pytest.mark.parametrize("heuristic", ["rate", "goodput"])
+@pytest.mark.parametrize("heuristic", [pytest.param("rate", marks=pytest.mark.slow), "goodput", "gain"])
 def test_heuristics_switch_and_reach_the_target(heuristic, make_cfg, tmp_path):
     """On 4 stages with one microbatch async has 4x sync's throughput on the pipeline clock and
     loses little per step on this data: both heuristics must adopt async, and reach the target."""

@@ -67,7 +67,7 @@ SYNC_WINS = dict(gain={"sync": 1.0, "async": 0.3}, time={"sync": 1.0, "async": 0
 EQUAL = dict(gain={"sync": 1.0, "async": 0.5}, time={"sync": 1.0, "async": 0.5})  # 1 vs 1
 
 
-@pytest.mark.parametrize("name", ["rate", "goodput"])
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
 def test_a_clearly_faster_async_is_chosen_within_a_bounded_number_of_windows(name):
     h = heuristic(name)
     phases, settled = drive(h, Env(**ASYNC_WINS), 600)
@@ -77,7 +77,7 @@ def test_a_clearly_faster_async_is_chosen_within_a_bounded_number_of_windows(nam
     assert adoptions(settled) == 1
 
 
-@pytest.mark.parametrize("name", ["rate", "goodput"])
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
 def test_a_clearly_faster_sync_is_chosen_starting_from_async(name):
     h = heuristic(name, start="async")
     phases, settled = drive(h, Env(**SYNC_WINS), 600)
@@ -86,12 +86,14 @@ def test_a_clearly_faster_sync_is_chosen_starting_from_async(name):
     assert adoptions(settled) == 1
 
 
-@pytest.mark.parametrize("name", ["rate", "goodput"])
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_equal_rates_with_noise_switch_rarely(name, seed):
     h = heuristic(name)
     phases, settled = drive(h, Env(**EQUAL, noise=0.02, seed=seed), 1500)
     assert adoptions(settled) <= 2
+    if name == "gain":  # at break-even with free switches a probe costs nothing: gain may probe often
+        return
     # lost probes back off: far fewer probes than one per probe_every steps
     probes = sum(1 for a, b in zip(phases, phases[1:]) if a == "sync" and b == "async")
     assert probes <= 1500 // h.cfg.probe_every
@@ -208,3 +210,153 @@ def test_a_user_heuristic_is_one_file(tmp_path, monkeypatch):
     monkeypatch.setattr(pkg, "__path__", [*pkg.__path__, str(tmp_path)])
     h = heuristic("always_async")
     assert h.decide(0).phase == "async"
+
+
+class Crossing(Env):
+    """Async's per-step progress falls from ``e0`` to ``e1`` of sync's as progress goes from 0 to
+    ``span`` (the late phase: staleness costs more as the loss flattens), and every switch into
+    async loses ``bump`` steps of progress (its transient). Async steps take half a sync step."""
+
+    def __init__(self, e0, e1, span, bump=3.0, **kw):
+        super().__init__(gain={"sync": 1.0, "async": e0}, time={"sync": 1.0, "async": 0.5}, **kw)
+        self.e0, self.e1, self.span, self.bump, self.last = e0, e1, span, bump, None
+
+    def run(self, phase: str) -> Observation:
+        self.gain["async"] = self.e0 + (self.e1 - self.e0) * min(1.0, self.progress / self.span)
+        if phase == "async" and self.last == "sync":
+            self.progress -= self.bump
+        self.last = phase
+        return super().run(phase)
+
+    def loss_free(self) -> float:
+        return 1 + 4 * math.exp(-self.k * self.progress)
+
+
+def time_to(name: str, env: Env, target: float, steps: int = 4000) -> float:
+    """Clock time until the noise-free loss reaches ``target`` (inf if it does not in ``steps``),
+    with a fixed phase (``sync``, ``async``) or a heuristic deciding, in a run that stops at it."""
+    h = None if name in ("sync", "async") else heuristic(name, start="auto")
+    if h is not None:
+        h.ctx.max_steps, h.ctx.extra["open_ended"] = steps, True
+        phases = [h.decide(u).phase for u in range(LAG)]
+    for t in range(steps):
+        obs = env.run(name if h is None else phases[t])
+        if h is not None:
+            h.observe(obs)
+            phases.append(h.decide(t + LAG).phase)
+        if env.loss_free() <= target:
+            return obs.time_s
+    return math.inf
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_gain_beats_both_fixed_phases_where_they_cross(seed):
+    """Async 1.8x sync's progress per second at first, 0.4x late: sync reaches the target first
+    (async never catches up), and gain, switching to sync in the late phase, is faster than both."""
+    times = {n: time_to(n, Crossing(0.9, 0.2, 600, seed=seed), 1.5) for n in ("sync", "async", "gain")}
+    assert times["sync"] < times["async"]
+    assert times["gain"] < 0.99 * times["sync"]
+
+
+def test_gain_probes_a_dominated_phase_less_than_goodput():
+    """Async clearly better throughout: gain probes sync fewer times than goodput's doubling
+    interval does over 3000 steps, and stays in async."""
+    probes = {}
+    for name in ("goodput", "gain"):
+        h = heuristic(name, start="async")
+        h.ctx.max_steps = 3000
+        phases, settled = drive(h, Env(**ASYNC_WINS, seed=1), 3000)
+        assert settled[-1] == "async"
+        probes[name] = len(stretches(phases, "sync"))
+    assert probes["gain"] < probes["goodput"]
+
+
+def test_a_decisive_probe_is_adopted_without_the_return_leg():
+    """Sync far better (async makes 0.2 of its per-step progress at twice the speed: 0.4 per
+    second, decisive): from async, the first probe of sync is adopted at its end, so the first
+    stretch of sync goes on past the probe's leg (goodput's stops there: it goes back to async for
+    a leg before its verdict)."""
+    far = dict(gain={"sync": 1.0, "async": 0.2}, time={"sync": 1.0, "async": 0.5})
+    for name in ("gain", "goodput"):
+        h = heuristic(name, start="async")
+        phases, settled = drive(h, Env(**far), 400)
+        assert settled[-1] == "sync"
+        (_, first_sync), *_ = stretches(phases, "sync")
+        if name == "gain":
+            assert first_sync > h.leg("sync") + h.leg("async")
+        else:
+            assert first_sync == h.leg("sync")
+
+
+def test_rate_and_goodput_disagree_when_async_efficiency_drops_at_once():
+    """Async makes 0.9 of sync's per-step progress (goodput 1.8) until progress 300, then 0.35
+    (0.7): the first probe after the drop measures 0.7. rate judges each window alone and takes
+    sync; goodput's running E (weight ``smoothing`` on the old 0.9) stays above break-even and
+    keeps async."""
+    class Drop(Env):
+        def run(self, phase):
+            self.gain["async"] = 0.9 if self.progress < 300 else 0.35
+            return super().run(phase)
+
+    kept = {}
+    for name in ("rate", "goodput"):
+        h = heuristic(name, start="async", backoff=1)
+        env = Drop(gain={"sync": 1.0, "async": 0.9}, time={"sync": 1.0, "async": 0.5}, noise=0.002)
+        phases = [h.decide(u).phase for u in range(LAG)]
+        verdicts = []
+        for t in range(900):
+            h.observe(env.run(phases[t]))
+            d = h.decide(t + LAG)
+            phases.append(d.phase)
+            if d.info and env.progress > 300 + h.cfg.window:  # a verdict from a window after the drop
+                verdicts.append(h.current)
+        kept[name] = verdicts[0]
+    assert kept == {"rate": "sync", "goodput": "async"}
+
+
+def test_expected_improvement_against_monte_carlo():
+    from adapipe_cli.adaptive.gain import expected_improvement
+
+    rng = np.random.default_rng(0)
+    for m, sd in ((0.3, 0.2), (0.0, 0.5), (-0.2, 0.1), (1.0, 0.1)):
+        x = rng.normal(m, sd, 400_000)
+        assert expected_improvement(m, sd) == pytest.approx(np.maximum(0.0, -x).mean(), abs=2e-3)
+    assert expected_improvement(0.4, 0.0) == 0.0 and expected_improvement(-0.4, 0.0) == pytest.approx(0.4)
+
+
+def test_gain_belief_is_a_kalman_filter_over_the_probes():
+    """Prior E0 with variance P0; a probe at step s2 after the belief's step s1 widens it by
+    (drift E log2(s2/s1))^2, then weighs the estimate by precision (written out by hand)."""
+    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_spread=0.5, drift=0.25)
+    assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(0.09), 30)  # (0.5 x 0.6)^2; warm-up 0 + window
+    h.update(120, 0.8, 0.1)  # two doublings: widened by (0.25 x 0.6 x 2)^2 = 0.09
+    k = 0.18 / (0.18 + 0.01)
+    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * 0.18) and h.belief_step == 120
+    h.update(120, 0.2, 1e9)  # a useless probe changes nothing
+    assert h.E == pytest.approx(0.6 + k * 0.2, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["goodput", "gain"])
+def test_a_restored_heuristic_decides_as_the_original(name):
+    """state_dict mid-run (inside a probe or between them), loaded into a fresh heuristic: the
+    same decisions from there on (what a resumed run relies on)."""
+    import copy
+    import json
+
+    h = heuristic(name, start="auto")
+    env = Crossing(0.9, 0.2, 600, seed=4)
+    phases = [h.decide(u).phase for u in range(LAG)]
+    for t in range(400):
+        h.observe(env.run(phases[t]))
+        phases.append(h.decide(t + LAG).phase)
+    twin = heuristic(name, start="auto")
+    twin.load_state_dict(json.loads(json.dumps(h.state_dict(), default=float)))
+    env2 = copy.deepcopy(env)
+    for t in range(400, 1200):
+        o = env.run(phases[t])
+        assert env2.run(phases[t]) == o
+        h.observe(o)
+        twin.observe(o)
+        d = h.decide(t + LAG)
+        assert twin.decide(t + LAG) == d
+        phases.append(d.phase)

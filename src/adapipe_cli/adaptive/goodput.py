@@ -49,8 +49,8 @@ class Goodput(Prober):
         cost = (jumps + self.ctx.switch_time / sync_t) / max(1, self.interval)
         # is the difference from break-even (async per-step progress = sync's / R) significant?
         significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)
-        info = {"E": self.E, "E_probe": e_hat, "R": R, "goodput": goodput, "switch_cost": cost,
-                "significant": significant}
+        info = {"E": self.E, "E_probe": e_hat, "E_probe_se": rates.diff_se / rates.sync, "R": R, "goodput": goodput,
+                "switch_cost": cost, "switch_steps": jumps, "significant": significant}
         decisive = goodput > 2 or goodput < 0.5  # one phase at least twice as fast
         if significant and goodput > 1 + c.margin + cost:
             return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {goodput:.3f} > 1 + margin + {cost:.3f}", info, \

@@ -99,6 +99,9 @@ class Prober(Heuristic):
         if self.mode == "probe":
             if step < self.probe_start + self.leg(probed):
                 return Decision(probed, f"probe {probed} for {self.leg(probed)} steps")
+            early = self.early_verdict(step, probed)
+            if early is not None:
+                return early
             self.mode = "after"
         # back in the current phase until the steps after the probe have been observed
         if self.observed_through() < self.probe_start + self.leg(probed) + self.leg(self.current) - 1:
@@ -113,13 +116,23 @@ class Prober(Heuristic):
         self.verdicts += 1
         confirmed = not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner))
         self.current, self.last_winner = winner, winner if clear else None
-        # probe_every counts steps of the probed phase's speed: a probe of a phase k times slower
-        # per step costs k times more, so it comes k times less often (probing costs a bounded
-        # share of the time, whichever phase is current)
-        base = round(c.probe_every * max(1.0, self.step_time_ratio(window, other(winner), winner)))
-        self.interval = min(2 * self.interval, c.backoff * base) if confirmed else base
+        self.interval = self.next_interval(step, window, winner, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
         return Decision(self.current, reason, info)
+
+    def next_interval(self, step: int, window: list[Observation], winner: str, confirmed: bool) -> int:
+        """Steps from the verdict at ``step`` to the next probe: ``probe_every`` steps of the probed
+        phase's speed (a probe of a phase k times slower per step costs k times more, so it comes k
+        times less often: probing costs a bounded share of the time, whichever phase is current),
+        doubled after a confirmed verdict up to ``backoff`` times that base."""
+        c = self.cfg
+        base = round(c.probe_every * max(1.0, self.step_time_ratio(window, other(winner), winner)))
+        return min(2 * self.interval, c.backoff * base) if confirmed else base
+
+    def early_verdict(self, step: int, probed: str) -> Decision | None:
+        """A verdict at the end of a probe's leg, before the leg of the current phase that follows
+        it (None: go back to the current phase, the default)."""
+        return None
 
     def leg(self, phase: str) -> int:
         """Steps of a stretch of ``phase`` within a probe: ``probe_steps`` observed after its settling."""

@@ -113,6 +113,8 @@ class HeuristicConfig:
     margin: float = 0.05  # relative gain a switch must promise beyond its cost
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
+    drift: float = 0.25  # gain: relative sd of the unseen drift of async's goodput per doubling of the step
+    prior_spread: float = 0.5  # gain: relative sd of the prior goodput that prices the first probe
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens

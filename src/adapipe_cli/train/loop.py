@@ -120,7 +120,8 @@ class Trainer:
         self.profile = self._profile()
         sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link, list(cfg.schedule.mitigation))
         self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
-                           lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name})
+                           lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name,
+                                                                   "open_ended": bool(t.stop_at_target and t.target_ppl)})
         try:
             self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
         except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)

@@ -1,0 +1,204 @@
+"""``heuristic=gain``: goodput's verdicts, with every probe priced by what it can still gain.
+
+The estimates are ``goodput``'s (:mod:`.goodput`): G = E x R, async's progress per second of the
+run's clock relative to sync's, from the probes' trend-corrected slopes. What changes is *when*
+to probe, and what a probe that wins decisively does.
+
+**Value of a probe.** Measure progress in seconds of sync's progress: sync makes 1 per second,
+async G. Running the worse phase for a time T loses ``|G - 1| T``. After a verdict at step s the
+heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
+
+    mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps (0 before two)
+    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta G_s log2(t / s))^2
+
+``se_s`` the standard error of the smoothed estimate, ``delta`` = ``heuristic.drift`` the
+relative drift that no trend shows, per doubling of the step: training changes as much between
+steps 100 and 200 as between 1000 and 2000, so without news the belief widens with log-time and
+the probes of a dominated phase come at about geometric intervals. A probe at t switches only if the other phase is better, so it
+is worth its expected improvement (the normal's partial expectation beyond break-even),
+
+    EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
+
+with s the spread of what the probe can reveal, ``s = sd^2 / sqrt(sd^2 + n^2)`` for a probe as
+noisy as the last one (standard error n; the preposterior spread of a normal belief): a probe of a
+flat stretch of the loss, as noisy as the belief, is worth little.
+
+over the time left, ``V(t) = EI(t) x H(t) x step time of the current phase``, H(t) the steps left
+(to ``max_steps``; in a run that stops at a target, whose end is unknown, as many as have passed,
+at most that). It costs
+``C = |mu - 1| x leg x step time of the probed phase`` (the probe runs the phase believed worse)
+plus its two switches (drain and fill, predicted, and the loss jumps measured at the last probe's
+switches). The next probe is at the first t, at least ``window`` steps on, with V(t) >= C: soon
+when the estimate is uncertain or drifts toward break-even (the late phase, where async's
+efficiency falls as the loss flattens), rarely or never when one phase dominates or too little of
+the run remains to profit. The first probe is priced the same way, from the prior
+(:meth:`.Prober.prior_phase`) with a relative spread of ``heuristic.prior_spread``.
+
+**A decisive probe is adopted at once.** At the end of a probe's leg the probe is judged on the
+steps before it and its own steps. If the probed phase wins decisively (at least twice the
+goodput, beyond the confidence), it stays current at once, without the return leg to the current
+phase that an interpolating verdict needs (which costs a round trip of switches). Otherwise the
+probe goes on as in ``goodput``.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import median
+
+from .base import ASYNC, SYNC, Context, Decision, Observation
+from .estimate import fit_rates
+from .probing import CLEAR, DECISIVE, UNCLEAR, Prober, other
+
+
+def expected_improvement(m: float, sd: float) -> float:
+    """E[max(0, -X)] for X ~ Normal(m, sd^2): how much a switch gains on average, when the current
+    phase is believed ``m`` better (in goodput) with spread ``sd``."""
+    if sd <= 0:
+        return max(0.0, -m)
+    z = m / sd
+    return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - m * 0.5 * math.erfc(z / math.sqrt(2))
+
+
+class Gain(Prober):
+    name = "gain"
+
+    def __init__(self, cfg, ctx: Context):
+        super().__init__(cfg, ctx)
+        # the belief about E: the prior, then a Kalman filter over the probes' estimates
+        self.E = self.prior_efficiency()
+        self.var = (cfg.prior_spread * self.E) ** 2
+        self.belief_step = max(1, ctx.lr_warmup + cfg.window)
+        self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)
+        self.switch_steps = 0.0  # the loss jumps of the last probe's switches, in sync steps of progress
+        first = ctx.lr_warmup + cfg.window
+        g = self.R() * self.E
+        self.next_probe = self.worth_probing(first, first, g, math.sqrt(self.var) * self.R(), self.current, {})
+
+    def R(self, window: list[Observation] | None = None) -> float:
+        if window:
+            return self.step_time_ratio(window, SYNC, ASYNC)
+        return self.ctx.sync_step_time / self.ctx.async_step_time if self.ctx.async_step_time > 0 else 1.0
+
+    def update(self, step: int, e_hat: float, se: float) -> None:
+        """One Kalman step: the belief widens by the unseen drift since the last probe (relative
+        ``drift`` per doubling of the step), then takes in the probe's estimate by its precision."""
+        widen = self.cfg.drift * abs(self.E) * math.log2(max(step, 1) / self.belief_step)
+        prior_var = self.var + widen * widen
+        k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
+        self.E, self.var, self.belief_step = self.E + k * (e_hat - self.E), (1 - k) * prior_var, max(step, 1)
+
+    def judge(self, window: list[Observation], current: str, probed: str):
+        c = self.cfg
+        rates = fit_rates([o.phase for o in window], [o.loss for o in window], [1.0] * len(window),
+                          transients=True, settle=self.settle)
+        R = self.R(window)
+        if rates is None or rates.sync <= 0:
+            return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, UNCLEAR
+        step = window[-1].step
+        e_hat, se = rates.async_ / rates.sync, rates.diff_se / rates.sync
+        self.update(step, e_hat, se)
+        self.probes.append((step, e_hat * R, se * R))
+        self.switch_steps = sum(max(0.0, j) for j in rates.jumps) / rates.sync
+        times = self.step_times(window)
+        g, sd = self.E * R, math.sqrt(self.var) * R
+        # a switch pays once (drain and fill, and its loss jump) and profits over the rest of the run
+        cost = (self.ctx.switch_time + self.switch_steps * times[SYNC]) / max(1e-9, self.horizon(step) * times[current])
+        info = {"E": self.E, "E_sd": math.sqrt(self.var), "E_probe": e_hat, "E_probe_se": se, "R": R,
+                "goodput": g, "switch_cost": cost}
+        z = abs(g - 1.0) / sd if sd > 0 else math.inf
+        level = DECISIVE if z > c.confidence and (g > 2 or g < 0.5) else CLEAR if z > 1 else UNCLEAR
+        if g > 1 + c.margin + cost:
+            return ASYNC, f"E x R = {self.E:.3f} x {R:.3f} = {g:.3f} (sd {sd:.3f}) > 1 + margin + {cost:.3f}", info, level
+        if g < 1 - c.margin - cost:
+            return SYNC, f"E x R = {self.E:.3f} x {R:.3f} = {g:.3f} (sd {sd:.3f}) < 1 - margin - {cost:.3f}", info, level
+        return current, f"{current} kept: E x R = {g:.3f} (sd {sd:.3f}) within margin + {cost:.3f} of 1", info, UNCLEAR
+
+    def next_interval(self, step: int, window: list[Observation], winner: str, confirmed: bool) -> int:
+        R = self.R(window)
+        at = self.worth_probing(step, step + self.cfg.window, self.E * R, math.sqrt(self.var) * R, winner,
+                                self.step_times(window))
+        return at - step
+
+    def trend(self) -> tuple[float, float]:
+        """Slope of G over steps from the last four probes and its variance (weighted least squares;
+        (0, 0) before two probes)."""
+        pts = self.probes[-4:]
+        if len(pts) < 2:
+            return 0.0, 0.0
+        w = [1.0 / max(se, 1e-6) ** 2 for _, _, se in pts]
+        sw = sum(w)
+        xm = sum(wi * s for wi, (s, _, _) in zip(w, pts)) / sw
+        ym = sum(wi * g for wi, (_, g, _) in zip(w, pts)) / sw
+        sxx = sum(wi * (s - xm) ** 2 for wi, (s, _, _) in zip(w, pts))
+        if sxx <= 0:
+            return 0.0, 0.0
+        return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / sxx, 1.0 / sxx
+
+    def step_times(self, window: list[Observation]) -> dict[str, float]:
+        """Median steady step time of each phase in the window, the simulator's for one not seen."""
+        t = {SYNC: self.ctx.sync_step_time, ASYNC: self.ctx.async_step_time}
+        for ph in t:
+            seen = [o.step_time for o in window if o.phase == ph]
+            if seen:
+                t[ph] = median(seen)
+        return t
+
+    def worth_probing(self, now: int, earliest: int, g: float, se: float, current: str,
+                      times: dict[str, float]) -> int:
+        """The first step t >= ``earliest`` at which a probe's value V(t) reaches its cost C (see
+        above), or ``max_steps`` (no more probes) if none does."""
+        ctx, c = self.ctx, self.cfg
+        times = times or {SYNC: ctx.sync_step_time or 1.0, ASYNC: ctx.async_step_time or 1.0}
+        probed = other(current)
+        b, var_b = self.trend()
+        drift = c.drift
+        sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
+        rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
+        cost = (abs(g - 1.0) * self.leg(probed) * times[probed]
+                + 2 * ctx.switch_time * rate[current] + self.switch_steps * times[SYNC])
+        noise = self.probes[-1][2] if self.probes else 0.0
+        stride = max(1, c.window // 3)
+        for t in range(earliest, ctx.max_steps, stride):
+            dt = t - now
+            m = sign * (g + b * dt - 1.0)
+            unseen = drift * abs(g) * math.log2(t / max(now, 1))  # scale-free: as much per doubling of the step
+            sd2 = se * se + var_b * dt * dt + unseen * unseen
+            # what the probe can reveal: the spread of the estimate after it, a probe being as
+            # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)
+            sd = sd2 / math.sqrt(sd2 + noise * noise) if sd2 > 0 else 0.0
+            value = expected_improvement(m, sd) * self.horizon(t) * times[current]
+            if value >= cost:
+                return t
+        return ctx.max_steps
+
+    def horizon(self, t: int) -> int:
+        """Steps left after step t: to ``max_steps``, or in a run that stops at a target (its end
+        unknown) as many as have passed, at most that (a run is as likely to be half done as not)."""
+        left = self.ctx.max_steps - t
+        return min(left, t) if self.ctx.extra.get("open_ended") else left
+
+    def early_verdict(self, step: int, probed: str) -> Decision | None:
+        """Judge the probe on the steps before it and its own: adopt the probed phase if it wins
+        decisively, else leave every estimate as it was and go back to the current phase."""
+        window = [o for o in self.history if o.step >= self.probe_start - self.cfg.window]
+        saved = self.E, self.var, self.belief_step, list(self.probes), self.switch_steps
+        winner, reason, info, clear = self.judge(window, self.current, probed)
+        if winner != probed or clear != DECISIVE:
+            self.E, self.var, self.belief_step, self.probes, self.switch_steps = saved
+            return None
+        self.last_estimates, self.verdicts = info, self.verdicts + 1
+        self.current, self.last_winner = winner, winner
+        self.interval = self.next_interval(step, window, winner, True)
+        self.mode, self.next_probe = "exploit", step + self.interval
+        return Decision(self.current, f"decisive at the end of the probe: {reason}", info)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "E": self.E, "var": self.var, "belief_step": self.belief_step,
+                "probes": [list(p) for p in self.probes], "switch_steps": self.switch_steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.E, self.var, self.belief_step = state["E"], state["var"], state["belief_step"]
+        self.probes = [tuple(p) for p in state.get("probes", [])]
+        self.switch_steps = state.get("switch_steps", 0.0)

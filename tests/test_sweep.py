@@ -352,3 +352,14 @@ def test_smoke_sweep_end_to_end(tmp_path):
         assert (out / name).is_file(), name
     assert "No interval, so not known to be outside the noise (fewer than two seeds done): p2_b2" in \
         (out / "results.md").read_text()  # one seed: no bootstrap interval, and the report says so
+
+
+def test_a_grid_may_add_methods_to_a_sweep_directory_but_not_change_them():
+    from adapipe_cli.sweep.state import extends
+
+    old = {"fixed": ["model=gpt-nano"], "methods": {"sync": ["schedule=1f1b"]}, "microbatch_size": 4}
+    added = {**old, "methods": {"sync": ["schedule=1f1b"], "gain": ["heuristic=gain"]}}
+    assert extends(old, old) and extends(added, old)
+    assert not extends({**old, "methods": {"sync": ["schedule=gpipe"]}}, old)  # a method changed
+    assert not extends({**old, "methods": {"gain": ["heuristic=gain"]}}, old)  # one left out
+    assert not extends({**added, "microbatch_size": 8}, old)

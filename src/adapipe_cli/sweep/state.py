@@ -44,13 +44,21 @@ def cell_status(run_dir: Path) -> tuple[str, str]:
     return "failed", "no complete summary.json (interrupted or crashed)"
 
 
+def extends(new: dict, old: dict) -> bool:
+    """Whether a grid of definition ``new`` may resume a directory of definition ``old``: the same
+    in everything, except that it may add methods (each old method with its overrides unchanged)."""
+    if {k: v for k, v in new.items() if k != "methods"} != {k: v for k, v in old.items() if k != "methods"}:
+        return False
+    return all(new.get("methods", {}).get(m) == o for m, o in old.get("methods", {}).items())
+
+
 class SweepState:
     """``sweep.json`` of one sweep directory; every change is written at once (atomically)."""
 
     def __init__(self, grid: Grid):
         self.grid, self.path = grid, grid.dir / STATE
         old = read_json(self.path) or {}
-        if old and old.get("definition") != grid.definition():
+        if old and not extends(grid.definition(), old.get("definition") or {}):
             changed = sorted(k for k, v in grid.definition().items() if old["definition"].get(k) != v)
             raise ConfigError(f"{grid.dir} holds a sweep with other {', '.join(changed)}: "
                               f"give another sweep.dir, or delete it to start again")

@@ -39,7 +39,7 @@ bench: install
 reproduce-smoke: install
 	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=smoke $(ARGS)
 
-# the two grids (AdamW, then Muon), each about 3 hours on 2 cores; the second runs even if a cell
+# the two grids (AdamW, then Muon), each about 4 hours on 2 cores; the second runs even if a cell
 # of the first failed, and make fails if either did
 reproduce: install
 	$(OFFLINE) $(VENV)/bin/adapipe sweep sweep=cpu-adamw $(ARGS); status=$$?; \

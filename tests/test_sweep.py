@@ -23,7 +23,7 @@ from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
-         "cpu-adamw": (2, 2, 4, 3), "cpu-muon": (2, 2, 4, 5), "gpu1": (2, 2, 3, 1)}
+         "cpu-adamw": (2, 2, 5, 3), "cpu-muon": (2, 2, 5, 5), "gpu1": (2, 2, 3, 1)}
 
 
 @pytest.mark.parametrize("name", list(GRIDS))
@@ -33,7 +33,8 @@ def test_shipped_grids_compose_into_their_cells(name):
     cells = grid.cells()
     assert len(cells) == depths * batches * methods * seeds == len({c.name for c in cells})
     # named in full; the grids of make reproduce also have the strongest sync schedule, ZB-H1
-    zb = {"sync-zb"} if name in ("cpu-adamw", "cpu-muon") else set()
+    # and AdaPipe with heuristic=gain beside goodput
+    zb = {"sync-zb", "adapipe-gain+predict"} if name in ("cpu-adamw", "cpu-muon") else set()
     assert set(grid.methods) == {"sync", "pipedream+predict", "adapipe+predict"} | zb
     for c in cells:
         assert c.batch_size == grid.cfg.microbatch_size * c.microbatches
@@ -47,7 +48,7 @@ def test_shipped_grids_compose_into_their_cells(name):
         cfg = compose_config(overrides)
         validate(cfg)
         assert (cfg.pipeline.stages, cfg.train.batch_size, cfg.seed) == (cell.stages, cell.batch_size, cell.seed)
-    assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == "goodput"
+    assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == ("gain" if zb else "goodput")
     if name.startswith("cpu"):
         assert cfg.model.n_layer >= 8 and cfg.data.path.endswith(os.path.join("shared", "data", "tinyshakespeare"))
     if name in ("cpu-adamw", "cpu-muon"):  # the two grids of make reproduce: two targets, one optimizer each

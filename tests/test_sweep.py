@@ -364,3 +364,25 @@ def test_a_grid_may_add_methods_to_a_sweep_directory_but_not_change_them():
     assert not extends({**old, "methods": {"sync": ["schedule=gpipe"]}}, old)  # a method changed
     assert not extends({**old, "methods": {"gain": ["heuristic=gain"]}}, old)  # one left out
     assert not extends({**added, "microbatch_size": 8}, old)
+
+
+def test_async_spans_are_the_clock_times_of_the_async_stretches(tmp_path):
+    from adapipe_cli.sweep.target import async_spans
+
+    phases = ["sync", "sync", "async", "async", "sync", "async"]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(
+        [json.dumps({"kind": "eval", "step": 0, "val_ppl": 9.0, "time_s": 0.0})]
+        + [json.dumps({"kind": "step", "step": i, "phase": ph, "time_s": float(i + 1)}) for i, ph in enumerate(phases)]))
+    # step i runs from time i to i + 1: async over [2, 4] and [5, 6]
+    assert async_spans(tmp_path) == [(2.0, 4.0), (5.0, 6.0)]
+    assert async_spans(tmp_path / "missing") == []
+
+
+def test_setting_curves_shade_a_switching_methods_async_stretches(tmp_path):
+    from adapipe_cli.sweep import plots
+
+    recs = [{"time_s": float(t), "val_ppl": 100.0 / (1 + t)} for t in range(10)]
+    path = tmp_path / "curves.png"
+    plots.plot_setting_curves({"sync": [(0, recs)], "adapipe+predict": [(0, recs)]}, [20.0, 12.0], "pipeline-profiled",
+                              "t", path, phases={"adapipe+predict": (0, [(1.0, 3.0), (5.0, 9.0)])})
+    assert path.stat().st_size > 0

@@ -96,10 +96,19 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
 
 
 def plot_setting_curves(curves: dict[str, list[tuple[int, list[dict]]]], targets: list[float], clock: str, title: str,
-                        path: Path) -> None:
+                        path: Path, phases: dict[str, tuple[int, list[tuple[float, float]]]] | None = None) -> None:
     """Validation perplexity against time: ``curves`` maps each method (in the grid's order, which
-    gives its colour, as in ``ttp.png``) to its (seed, eval records)."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    gives its colour, as in ``ttp.png``) to its (seed, eval records); ``phases`` maps a switching
+    method to (seed, its async stretches' clock spans), shaded in the method's colour, one band per
+    method under the curves."""
+    fig, ax = plt.subplots(figsize=(7, 4.6 if phases else 4.2))
+    order = list(curves)
+    for n, (method, (seed, spans)) in enumerate((phases or {}).items()):
+        k = order.index(method) if method in order else n
+        band = ax.get_xaxis_transform()  # x in data, y in axes: a strip per method at the bottom
+        for a, b in spans:
+            ax.fill_between([a, b], 0.02 + 0.05 * n, 0.06 + 0.05 * n, color=f"C{k}", alpha=0.5, lw=0, transform=band,
+                            label=f"{method} s{seed} in async" if (a, b) == spans[0] else None)
     for k, (method, runs) in enumerate(curves.items()):
         for n, (seed, records) in enumerate(runs):
             ax.plot([r["time_s"] for r in records], [r["val_ppl"] for r in records], color=f"C{k}", alpha=0.85,

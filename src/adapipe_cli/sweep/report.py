@@ -12,7 +12,7 @@ from . import plots
 from .markdown import render
 from .results import PREFIX, collect, table, targets_of, write_csv
 from .state import STATE, read_json
-from .target import evals
+from .target import async_spans, evals
 
 
 def load_state(sweep_dir: Path) -> dict:
@@ -78,6 +78,12 @@ def write_report(sweep_dir: Path, cell: str | None = None) -> list[Path]:
     curves = {m: [(r["seed"], evals(sweep_dir / r["cell"])) for r in here if r["method"] == m] for m in methods}
     target = [t for w in stats if (t := next((r[PREFIX[w] + "target_ppl"] for r in here), None))]
     out.append(sweep_dir / f"curves_p{p}_b{b}.png")
+    # each switching method's first seed: where it ran async (its phases, as bands under the curves)
+    phases = {}
+    for m in methods:
+        runs = sorted((r for r in here if r["method"] == m and r.get("switches")), key=lambda r: r["seed"])
+        if runs:
+            phases[m] = (runs[0]["seed"], async_spans(sweep_dir / runs[0]["cell"]))
     plots.plot_setting_curves(curves, target, clock,
-                              f"{state['name']}: depth {p}, batch size {b}", out[-1])
+                              f"{state['name']}: depth {p}, batch size {b}", out[-1], phases)
     return out

@@ -30,6 +30,27 @@ def evals(run_dir: Path) -> list[dict]:
     return [r for r in read_jsonl(path) if r.get("kind") == "eval" and r.get("val_ppl") is not None]
 
 
+def async_spans(run_dir: Path) -> list[tuple[float, float]]:
+    """The (start, end) clock times of a run's stretches of async steps, in order (AdaPipe's
+    phases, for the curves)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    spans, start, prev = [], None, 0.0
+    for r in read_jsonl(path):
+        if r.get("kind") != "step":
+            continue
+        if r.get("phase") == "async" and start is None:
+            start = prev
+        elif r.get("phase") != "async" and start is not None:
+            spans.append((start, prev))
+            start = None
+        prev = r["time_s"]
+    if start is not None:
+        spans.append((start, prev))
+    return spans
+
+
 def time_to_target(records: list[dict], target: float | None) -> tuple[float | None, int | None]:
     """(time_s, step) of the first evaluation at or below ``target``; (None, None) if none is."""
     if target is None:

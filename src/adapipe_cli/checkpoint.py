@@ -56,7 +56,19 @@ def resume_free_keys(manifest: dict, current: dict) -> set[str]:
     saved = manifest["config"]
     sync = current["schedule"]["name"] in ("1f1b", "gpipe")
     constant = saved["optim"]["decay"] == current["optim"]["decay"] == "constant"
-    return free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
+    runtime = manifest.get("runtime", "local")
+    clocks = {clock_of(c["pipeline"].get("clock", "auto"), runtime) for c in (saved, current)}
+    return (free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
+            | ({"pipeline.clock"} if len(clocks) == 1 else set()))
+
+
+# the clock of pipeline.clock=auto on each runtime (a run written before auto existed says profiled)
+DEFAULT_CLOCK = {"local": "profiled", "dist": "wall"}
+
+
+def clock_of(clock: str, runtime: str) -> str:
+    """The clock a run's time is on: ``pipeline.clock``, ``auto`` resolved for ``runtime``."""
+    return DEFAULT_CLOCK[runtime] if clock == "auto" else clock
 
 
 def stage_part(stage: int) -> str:

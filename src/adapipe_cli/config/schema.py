@@ -56,7 +56,9 @@ class PipelineConfig:
     runtime: str = "local"  # local | dist | auto
     backend: str = "auto"  # auto | gloo | nccl
     devices: List[str] = field(default_factory=list)
-    clock: str = "profiled"  # profiled | measured
+    # auto (local: profiled, dist: wall) | profiled (pipeline time from the cost profile) | measured (local:
+    # each action timed as it runs) | wall (dist: the workers' wall time)
+    clock: str = "auto"
     profile: Optional[str] = None  # a saved cost profile (profile.json) to reuse
     profile_reps: int = 5  # interleaved rounds per measuring pass (two passes; the minimum is kept)
     partition: str = "flops"  # flops | params | uniform

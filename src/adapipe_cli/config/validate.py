@@ -14,7 +14,7 @@ SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "pipedream", "2bw", "adapipe")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
-CLOCKS = ("profiled", "measured")
+CLOCKS = ("auto", "profiled", "measured", "wall")
 PARTITIONS = ("flops", "params", "uniform")
 
 
@@ -58,7 +58,7 @@ def validate(cfg) -> None:
     _need(o.name in ("adamw", "nadamw", "muon"), f"unknown optimizer optim.name={o.name!r}: use adamw, nadamw or muon")
     _need(p.runtime in RUNTIMES, f"unknown pipeline.runtime={p.runtime!r}: use local, dist or auto")
     _need(p.backend in BACKENDS, f"unknown pipeline.backend={p.backend!r}: use auto, gloo or nccl")
-    _need(p.clock in CLOCKS, f"unknown pipeline.clock={p.clock!r}: use profiled or measured")
+    _need(p.clock in CLOCKS, f"unknown pipeline.clock={p.clock!r}: use auto, profiled, measured or wall")
     _need(p.partition in PARTITIONS, f"unknown pipeline.partition={p.partition!r}: use flops, params or uniform")
     _need(p.order in ("forward", "reverse"), f"unknown pipeline.order={p.order!r}: use forward or reverse")
     _need(p.profile is None or os.path.isfile(p.profile), f"pipeline.profile={p.profile} does not exist: give a saved profile.json")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol, runtime_checkable
 
-from ..schedules import Plan
+from ..schedules import Plan, ScheduleSpec
+from ..simulator.clock import CostProfile, LinkModel
 
 
 @dataclass
@@ -50,13 +51,19 @@ def stage_lrs(lrs: list[float]) -> list[float] | None:
 class RunSpec:
     """What a runtime needs to know of a run, as data: its resolved config, the plan it reads its
     phases from (the loop decides, the runtime applies), when to evaluate, where the run lives,
-    and the checkpoint it resumes from (folder, verified manifest) or None."""
+    the checkpoint it resumes from (folder, verified manifest) or None, and the clock's pieces."""
 
     cfg: object  # the run's (resolved) DictConfig
     plan: Plan
     eval_at: Callable[[int], bool]  # evaluate the weights after step t (t = -1: the initial weights)
     run_dir: Path
     resume: tuple[Path, dict] | None = None
+    schedule: ScheduleSpec | None = None
+    link: LinkModel | None = None
+    profile: CostProfile | None = None  # given (pipeline.profile, a resumed run's); None: measured where the stages run
+    clock: str = "wall"  # "wall" or "profiled" (the pipeline clock from the profile)
+    signal_rows: int | None = None  # rows of the held-out batch evaluated after each update (None: no signal)
+    snapshots_kept: int = 0  # the divergence guard's snapshots kept at once (0: the guard is off)
 
 
 @runtime_checkable
@@ -80,7 +87,8 @@ class Runtime(Protocol):
         """Evaluate the current weights (``version``) outside the schedule: the run ends here."""
 
     def evaluate(self, batches) -> float:
-        """Mean loss of the current weights on ``batches`` (where ``heldout``)."""
+        """Mean loss of the current weights on ``batches`` (where ``heldout``; the dist runtime's
+        workers evaluate the spec's held-out batch, which ``batches`` must be)."""
 
     def state_dict(self) -> dict:
         """The whole pipeline at the current step boundary (where ``snapshots``)."""

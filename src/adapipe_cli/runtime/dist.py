@@ -44,10 +44,13 @@ from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
 from .. import checkpoint
+from ..simulator.clock import CostProfile
+from ..simulator.replay import Replay
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
+from .profile import join_profiles
 from .watchdog import Collector, Watchdog
 from .worker import spawn_main, torchrun_env
 
@@ -106,9 +109,9 @@ class DistRuntime:
 
     name = "dist"
     backend: str | None = None  # gloo or nccl, chosen at start-up
-    clock_name = "wall"
-    snapshots = False  # each stage's state lives in its worker
-    heldout = False  # evaluations run only where the schedule places them
+    clock_name = "wall"  # or "pipeline" (``pipeline.clock=profiled``), chosen at start-up
+    snapshots = True  # each worker keeps its stage's snapshots; the driver's state names them
+    heldout = True  # each worker runs the held-out batch after each update
 
     def __init__(self, spec: RunSpec):
         cfg = self.cfg = spec.cfg
@@ -131,6 +134,9 @@ class DistRuntime:
         self.waiting: tuple | None = None  # (keys, since, allowance) while the main thread waits
         self.procs: dict[int, mp.Process] = {}
         self.logs: dict[int, Path] = {}
+        self.snap_due = False  # the next gate keeps a snapshot (the divergence guard's)
+        self.rollbacks = 0
+        self.replay: Replay | None = None  # the pipeline clock, pipeline.clock=profiled
         self._lock = threading.Lock()
         self._stopping = threading.RLock()  # the watchdog and the main thread both poll and stop workers
         if self.env is not None:
@@ -148,15 +154,29 @@ class DistRuntime:
         self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
                                 "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
                                 "threads": threads, "run_dir": str(spec.run_dir), "start": self.start,
-                                "parts": self._parts(*resume) if resume else None})
+                                "parts": self._parts(*resume) if resume else None,
+                                "measure": spec.profile is None, "signal_rows": spec.signal_rows,
+                                "snapshots_kept": spec.snapshots_kept})
         self.collector = Collector(self.board)
         atexit.register(self._shutdown)  # when close() is never called
         try:
             self._start(local, Path(spec.run_dir) / "workers")
             self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
+            self.profile = spec.profile or self._measured_profile()
+            if spec.clock == "profiled":
+                self.clock_name = "pipeline"
+                self.replay = Replay(spec.schedule, self.plan, self.profile, spec.link, list(cfg.schedule.mitigation))
         except BaseException:
             self.close()
             raise
+
+    def _measured_profile(self) -> CostProfile:
+        """The cost profile the workers measured, each its own stage on its own device."""
+        keys = [f"profile/{r}" for r in range(self.p)]
+        parts = [CostProfile(**d) for d in self._collect(keys)]
+        for key in keys:
+            self.board.delete(key)
+        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps)
 
     def _start(self, ranks: list[int], log_dir: Path) -> None:
         ctx = worker_context()
@@ -181,7 +201,8 @@ class DistRuntime:
 
     def run_step(self, t: int) -> StepResult:
         """Let every stage apply ``U(t)`` and wait for their reports of step ``t``."""
-        self.board.put(f"go/{t}", "go")
+        self.board.put(f"go/{t}", "snap" if self.snap_due else "go")
+        self.snap_due = False
         self.released = t + 1
         if t > 0:
             self._forget(t - 1)
@@ -235,9 +256,13 @@ class DistRuntime:
     def restore_checkpoint(self, folder: Path, manifest: dict, run: dict) -> None:
         """Continue a resumed run whose Trainer state (``run``: its RunState) is restored: the
         workers, which read their parts themselves (named in the spec), get the phases decided
-        before the checkpoint; the clock goes on from the checkpoint's time."""
+        before the checkpoint; the clock goes on from the checkpoint's time (the pipeline clock's
+        replays the steps before it, which gives that time)."""
         self.board.put("resume/phases", list(self.plan.phases))
         self.base = self.prev_time = run["time_s"] - run["offset"]
+        if self.replay is not None:
+            for t in range(self.start):
+                self.prev_time, self.prev_busy = self.replay.run_step(t)
 
     def _parts(self, folder: Path, manifest: dict) -> dict[int, str]:
         """The file of each stage's part of a (verified) checkpoint."""
@@ -248,13 +273,49 @@ class DistRuntime:
         return {r: str(Path(folder) / manifest["parts"][n]["file"]) for r, n in enumerate(names)}
 
     def evaluate(self, batches) -> float:
-        raise NotImplementedError("the dist runtime evaluates only where the schedule places evaluations")
+        """The held-out signal's loss of the current weights: ``batches`` must be the spec's
+        (``signal_rows`` rows of the validation data), which every worker evaluates right after
+        each update."""
+        v = self.released
+        (loss,) = self._collect([f"signal/{v}"])
+        self.board.delete(f"signal/{v}")
+        return loss
 
     def state_dict(self) -> dict:
-        raise NotImplementedError("the dist runtime's stage states live in its workers")
+        """A snapshot after the steps released so far: each worker keeps its stage's at the gate of
+        the next update; the driver's part is the clock."""
+        self.snap_due = True
+        return {"steps": self.released, "time": self.prev_time, "busy": self.prev_busy,
+                "replay": self.replay.state_dict() if self.replay is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
-        raise NotImplementedError("the dist runtime's stage states live in its workers")
+        """Roll every worker back to the snapshot of :meth:`state_dict` ``state``, from the gate
+        where they wait (after the step that tripped the guard). The plan already holds the phases
+        decided at the snapshot. Once every worker is back, the discarded steps' keys are cleared
+        and the workers continue. The wall clock runs on from the snapshot's time (the loop adds the
+        lost time)."""
+        to, now = state["steps"], self.released
+        self.rollbacks += 1
+        key = f"back/{self.rollbacks}"
+        self.board.put(key, {"to": to, "phases": list(self.plan.phases)})
+        self.board.put("back", self.rollbacks)
+        if checkpoint.due(self.cfg.train, now, self.start):  # the workers wait for a folder there first
+            self.board.put(f"save/{now}", "skip")
+        self.board.put(f"go/{now}", "back")
+        self._collect([f"{key}/done/{r}" for r in range(self.p)])
+        stale = [f"go/{now - 1}", f"go/{now}", f"save/{now}", *(f"rep/{now - 1}/{r}" for r in range(self.p)),
+                 *(f"{k}/{v}" for k in ("signal", "eval") for v in range(to + 1, now + 2)),
+                 *(f"phase/{u}" for u in range(len(self.plan.phases), self.max_steps)),
+                 *(f"{key}/{k}/{r}" for k in ("now", "expect", "done") for r in range(self.p))]
+        for k in stale:
+            self.board.delete(k)
+        self.board.put(f"{key}/go", True)
+        self.released, self.due, self.snap_due = to, [], False
+        self.base -= self.prev_time - state["time"]
+        self.prev_time = state["time"]
+        if self.replay is not None:
+            self.replay.load_state_dict(state["replay"])
+            self.prev_busy = state["busy"]
 
     def memory(self) -> list[dict]:
         keys = ("peak_activations", "peak_weight_versions", "peak_param_sets", "peak_grad_sets", "peak_bytes",
@@ -288,6 +349,8 @@ class DistRuntime:
         paused = max(r["eval_s"] + r["save_s"] for r in reps)
         now = max(self.base + max(r["t_end"] for r in reps) - paused, self.prev_time)
         busy = sum(r["busy"] for r in reps)
+        if self.replay is not None:  # the pipeline clock: the local runtime's time for this step
+            now, busy = self.replay.run_step(t)
         span = now - self.prev_time
         bubble = 1.0 - (busy - self.prev_busy) / (self.p * span) if span > 0 else float("nan")
         self.prev_time, self.prev_busy = now, busy

@@ -227,3 +227,22 @@ def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimize
         if st.last:
             lm_loss(out.float(), targets)
     return {"params": nbytes(params), "optimizer": nbytes(state), "activation": float(sum(saved.values()))}
+
+
+def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
+                  rounds: int = MIN_ROUNDS) -> CostProfile:
+    """The profile of a pipeline whose stage ``s`` was measured alone, where it runs, as the
+    one-stage ``parts[s]`` (the dist runtime's workers, each on its own device); an unsteady
+    measurement is reported with ``warn`` as :func:`measure_profile` does (``rounds`` per pass)."""
+    col = lambda name: [getattr(q, name)[0] for q in parts]  # noqa: E731
+    times = {kind: col(kind) for kind in KINDS}
+    spread = {kind: [q.meta.get("spread", {}).get(kind, [0.0])[0] for q in parts] for kind in KINDS}
+    line = unsteady(spread, times) if rounds >= MIN_ROUNDS else None
+    if line:
+        warn(line)
+    meta = {**parts[0].meta, "method": f"{parts[0].meta.get('method', '')}, each stage where it runs",
+            "spread": spread, "devices": [q.meta.get("device") for q in parts]}
+    memory = {k: [q.memory[k][0] for q in parts] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
+    return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
+                       copy=times["copy"], predict=times["predict"], memory=memory,
+                       input=times["input"], weight=times["weight"])

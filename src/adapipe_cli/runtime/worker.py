@@ -48,6 +48,7 @@ with status 3, or ``hang`` (sleep for an hour).
 
 from __future__ import annotations
 
+import copy
 import datetime
 import os
 import resource
@@ -55,6 +56,7 @@ import signal
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, NoReturn
 
@@ -69,6 +71,7 @@ from .lifeline import die_with_parent, set_name, watch_driver
 from .stage import StageExecutor
 
 STARTING, COMPUTING, WAIT_PEER, WAIT_DRIVER, FINISHED = range(5)
+SIGNAL = -1  # the batch index that marks the held-out signal's messages on the evaluation channel
 STATE_NAMES = ("starting", "computing", "waiting for a neighbour", "waiting for the driver", "finished")
 
 
@@ -182,12 +185,16 @@ class Worker:
         module.to(device)
         micro = cfg.train.batch_size // m
         val = [(x.to(device), y.to(device)) for x, y in data.val_batches(micro)]
+        rows = spec.get("signal_rows")  # the held-out batch whose loss the heuristic follows, or None
+        self.signal = tuple(z.to(device) for z in data.val_batches(rows)[0]) if rows else None
         d, T = gcfg.d_model, cfg.model.block_size
 
         def shape(channel: str, key) -> tuple:
             if channel in ("actn", "gradn"):  # tables of gradient norms (see runtime/stage.py)
                 return (p, 2)
-            return (val[key[1]][0].shape[0], T, d) if channel == "eval" else (micro, T, d)
+            if channel == "eval":
+                return ((self.signal if key[1] == SIGNAL else val[key[1]])[0].shape[0], T, d)
+            return (micro, T, d)
 
         tied = cfg.model.tie_embeddings and p > 1
         self.transport = DistTransport(rank, p, build_groups(p, tied), shape, device, ahead=spec["backend"] == "gloo",
@@ -207,6 +214,13 @@ class Worker:
         self.t0 = 0.0
         self.start = spec["start"]  # the step this session starts at (a resumed run's checkpoint)
         self.part = spec["parts"][rank] if spec["parts"] else None  # this stage's part of that checkpoint
+        self.snapshots: dict[int, dict] = {}  # steps -> this stage's state at the gate of U(steps) (the guard's)
+        self.keep = spec.get("snapshots_kept", 0)
+        if spec.get("measure"):  # the cost profile of this stage, measured here, on this device
+            x, y = batch(0, 0)
+            prof = build.measure_stage_profile(cfg, [module], x, y, warn=lambda line: None)
+            prof.meta["device"] = str(device)
+            board.put(f"profile/{rank}", asdict(prof))
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -235,19 +249,30 @@ class Worker:
             try:
                 a = self.order.peek()
             except Ended as e:  # the program asked for the phase of a step after the end
-                return e.verdict if e.verdict == "abort" else self._final_gate()
+                if e.verdict == "abort":
+                    return e.verdict
+                a = None
             if a is None:  # the plan's last step is done
-                return self._final_gate()
+                verdict = self._gate(self.ex.live)
+                if verdict == "back":
+                    continue
+                if verdict not in ENDINGS:
+                    raise RuntimeError(f"stage {self.rank}: the driver released step {self.ex.live} after the end of the plan")
+                return verdict
             self.status.set(COMPUTING, a.step)
             if a.kind == UPDATE:
                 inject_fault(self.rank, a.step)
                 verdict = self._gate(a.step)
+                if verdict == "back":  # restored: the program's next action is another gate's
+                    continue
                 if verdict != "go":
                     return verdict
             self.order.pop()
             self._execute(a)
 
     def _gate(self, step: int) -> str:
+        """Wait for the driver's verdict on ``U(step)``: ``go`` (``snap``: keep a snapshot here
+        first), ``back`` (a rollback, done when this returns), or an ending."""
         saving = checkpoint.due(self.cfg.train, step, self.start)
         t0 = time.perf_counter()
         if saving:
@@ -261,12 +286,11 @@ class Worker:
         else:
             self.gate_s += time.perf_counter() - t1
         self.status.set(COMPUTING)
-        return verdict
-
-    def _final_gate(self) -> str:
-        verdict = self._gate(self.ex.live)
-        if verdict not in ENDINGS:
-            raise RuntimeError(f"stage {self.rank}: the driver released step {self.ex.live} after the end of the plan")
+        if verdict == "snap":
+            self._snapshot(step)
+            verdict = "go"
+        elif verdict == "back":
+            self._roll_back()
         return verdict
 
     def _execute(self, a: Action) -> None:
@@ -283,6 +307,71 @@ class Worker:
             self.busy += dt - (self.transport.wait_s - w0)
         if a.kind == UPDATE:
             self._report(a.step)
+            if self.signal is not None:
+                self._signal(a.step + 1)
+
+    @torch.no_grad()
+    def _signal(self, version: int) -> None:
+        """``S(version)``, right after ``U(version - 1)``: the forward of the held-out batch with
+        the new weights, passed on like an evaluation's; the last stage puts its loss on the board
+        (``signal/{version}``), where the driver has it for the observation of step ``version - 1``,
+        the lag of the local runtime. Off the clock, like evaluations. (On the evaluation channel:
+        every stage runs ``S(v)`` after ``U(v - 1)`` and ``E(v)`` after it, before ``U(v)``.)"""
+        t0 = time.perf_counter()
+        ex, (x, y) = self.ex, self.signal
+        h = x if ex.first else self.transport.recv("eval", self.rank - 1, self.rank, (version, SIGNAL))
+        out = ex.eval_forward(version, h)
+        if self.last:
+            self.board.put(f"signal/{version}", ex._loss(out, y).item())
+        else:
+            self.transport.send("eval", self.rank, self.rank + 1, (version, SIGNAL), out.float())
+        self.eval_s += time.perf_counter() - t0
+
+    # -- the divergence guard ------------------------------------------------------------------
+    def _snapshot(self, steps: int) -> None:
+        """Keep this stage's state at the gate of ``U(steps)`` (the driver's snapshot after
+        ``steps`` steps), the newest :data:`keep` of them, as the driver's guard keeps its own."""
+        # (deep: the optimizer's state and the steps' statistics would otherwise go on changing)
+        self.snapshots[steps] = copy.deepcopy({"executor": self.ex.state_dict(), "forwarded": self.program.next_f})
+        while len(self.snapshots) > max(1, self.keep):
+            del self.snapshots[min(self.snapshots)]
+
+    def _roll_back(self) -> None:
+        """Go back to the snapshot the driver names (``back/{n}``: its steps and the phases decided
+        then), from the gate this worker waits at. The activations in flight between stages now are
+        received and dropped, those in flight at the snapshot sent again (as on resume), the
+        driver told, and its word awaited: it clears the discarded steps' keys meanwhile."""
+        n = self.board.get("back")
+        order = self.board.get(f"back/{n}")
+        to, key = order["to"], f"back/{n}"
+        ex, r = self.ex, self.rank
+        self.board.put(f"{key}/now/{r}", {"forwarded": self.program.next_f,
+                                          "tables": {mb: rec.table is not None for mb, rec in ex.inflight.items()}})
+        if r > 0:  # the previous stage's activations that this one has not taken: drop them
+            prev = self.board.get(f"{key}/now/{r - 1}")
+            for mb in range(self.program.next_f, prev["forwarded"]):
+                self.transport.recv("act", r - 1, r, mb)
+                if prev["tables"].get(mb):
+                    self.transport.recv("actn", r - 1, r, mb)
+        snap = self.snapshots[to]
+        for steps in [k for k in self.snapshots if k > to]:  # the driver drops these too
+            del self.snapshots[steps]
+        self.plan.phases[:] = order["phases"]
+        self.program = StageProgram(r, self.program.spec, self.plan, self.eval_at)
+        ex.load_state_dict(copy.deepcopy(snap["executor"]), self.program)  # (kept: a second rollback may need it)
+        self.order = EvalOrder(self.program, self.eval_at)
+        self.order.done.update(range(to + 1))  # E(v) for v <= to ran before the snapshot's gate
+        forwarded = snap["forwarded"]
+        if r > 0:
+            self.board.put(f"{key}/expect/{r}", forwarded)
+        if not self.last:
+            first = self.board.get(f"{key}/expect/{r + 1}")
+            for mb in range(first, forwarded):
+                ex.resend(mb)
+        self.status.set(WAIT_DRIVER)
+        self.board.put(f"{key}/done/{r}", True)
+        self.board.get(f"{key}/go")
+        self.status.set(COMPUTING)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _save(self, step: int) -> None:
@@ -293,6 +382,8 @@ class Worker:
         folder = self.board.get(f"save/{step}")
         if folder is None:  # the driver gave up on the run
             raise Ended("abort")
+        if folder == "skip":  # a rollback from this gate: the checkpoint comes when the run is here again
+            return
         self.status.set(COMPUTING)
         state = self.ex.state_dict()
         entry = None

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..runtime.walk import walk
-from ..schedules import (BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram,
-                         lookahead)
-from ..schedules.ledger import Ledger
+from ..schedules import SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.program import SPLIT_SCHEDULES
-from .clock import CostProfile, LinkModel, PipelineClock
+from .clock import CostProfile, LinkModel
+from .replay import Replay
 
 
 @dataclass
@@ -52,61 +50,9 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
     (``schedule.mitigation``) change the buffers held and the work done."""
     p = spec.stages
-    if profile.stages != p:
-        raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
-    programs = [StageProgram(s, spec, plan) for s in range(p)]
-    clock = PipelineClock(p, link, profile.act_bytes, spec.barrier)
-    mit = set(mitigations)
-    ledgers = [Ledger(s, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
-                      nbytes=profile.stage_bytes(s)) for s in range(p)]
-    arrived: dict[int, set[int]] = {}
-    f_done: set[tuple[int, int]] = set()
-    b_done: set[tuple[int, int]] = set()
-    timeline: list = []
-
-    def ready(s: int, a: Action) -> bool:
-        kind = a.kind
-        if kind == FORWARD:
-            return s == 0 or (s - 1, a.mb) in f_done
-        if kind in (BACKWARD, INPUT):
-            return s == p - 1 or (s + 1, a.mb) in b_done
-        if kind == UPDATE and a.phase == SYNC:
-            waiting = arrived.setdefault(a.step, set())
-            if s not in waiting:
-                waiting.add(s)
-                clock.arrive(s, a.step)
-            return len(waiting) == p or not spec.barrier
-        return True
-
-    extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
-
-    def execute(s: int, a: Action) -> list[int]:
-        kind = a.kind
-        led, prog = ledgers[s], programs[s]
-        needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
-        work = led.run(a, prog.floor_version(), needed, mit)
-        cost = profile.cost(s, kind, work)
-        if work:
-            extra[a.step] = extra.get(a.step, 0.0) + cost - profile.cost(s, kind)
-        start, end = clock.run(s, a, cost)
-        if record and kind != EVAL:
-            timeline.append((s, kind, a.mb, a.step, start, end))
-        woken: list[int] = []
-        if kind == FORWARD:
-            f_done.discard((s - 1, a.mb))
-            if s + 1 < p:
-                f_done.add((s, a.mb))
-                woken = [s + 1]
-        elif kind in (BACKWARD, INPUT):
-            b_done.discard((s + 1, a.mb))
-            if s > 0:
-                b_done.add((s, a.mb))
-                woken = [s - 1]
-        elif kind == UPDATE and a.phase == SYNC:
-            woken = list(range(p))
-        return woken
-
-    walk(programs, range(p), lambda s: programs[s].peek() is None, ready, execute)
+    rep = Replay(spec, plan, profile, link, mitigations, record=record)
+    rep.run_all()
+    clock, ledgers, extra, timeline = rep.clock, rep.ledgers, rep.extra, rep.timeline
     n = len(clock.update_end)
     ends = [clock.update_end[t] for t in range(n)]
     makespan = ends[-1] if ends else 0.0

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import checkpoint
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..model import GPTConfig, build_stages, partition
 from ..runtime.device import resolve_device
@@ -111,12 +112,13 @@ def profile_mismatch(meta: dict, expected: dict) -> str | None:
     return None
 
 
-def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor):
+def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor, **kw):
     """The cost profile of ``stages`` on the microbatch (x, y), labelled with what it was measured
-    for (a run measures its own; a sweep measures one per depth and gives it to every run)."""
+    for (a run measures its own; a sweep measures one per depth and gives it to every run; a dist
+    worker its own stage's). ``kw``: :func:`measure_profile`'s ``warn``."""
     return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
                            reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])),
-                           precision=cfg.train.precision)
+                           precision=cfg.train.precision, **kw)
 
 
 class Batches:
@@ -142,6 +144,22 @@ class Batches:
                 self.cache.popitem(last=False)
         x, y = xy
         return x[i * self.mb:(i + 1) * self.mb], y[i * self.mb:(i + 1) * self.mb]
+
+
+def clock_mode(cfg, runtime: str) -> str:
+    """The clock of a run on ``runtime`` (``local`` or ``dist``): ``profiled`` (pipeline time from the
+    cost profile, on both), ``measured`` (local: each action timed as it runs) or ``wall`` (dist: the
+    workers' wall time); ``auto`` is the runtime's own (:data:`..checkpoint.DEFAULT_CLOCK`)."""
+    from ..config.validate import ConfigError
+
+    clock = checkpoint.clock_of(cfg.pipeline.clock, runtime)
+    if runtime == "local" and clock == "wall":
+        raise ConfigError("pipeline.clock=wall is the dist runtime's (one process per stage): use profiled or measured "
+                          "on the local runtime")
+    if runtime == "dist" and clock == "measured":
+        raise ConfigError("pipeline.clock=measured is the local runtime's: use wall (the workers' wall time) or profiled "
+                          "on the dist runtime")
+    return clock
 
 
 def decision_lag(cfg) -> int:

@@ -112,25 +112,38 @@ class Trainer:
             raise ConfigError(str(e)) from None
         self.plan = Plan(t.max_steps)
         self.lag = build.decision_lag(cfg)
-        # the local runtime's device (the dist runtime's workers place their own stages)
-        self.device = resolve_device(p.device) if runtime_kind(cfg) == "local" else torch.device("cpu")
-        self.stages, self.optimizers = build.make_stages(cfg, self.gcfg, device=self.device)
-        self.batches = build.Batches(self.data, t.batch_size, p.microbatches, device=self.device)
+        self.kind = runtime_kind(cfg)
+        self.clock = build.clock_mode(cfg, self.kind)
+        self.guard = self._guard()
         self.link = LinkModel(p.link_latency_s, p.link_bandwidth)
-        self.profile = self._profile()
-        sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link, list(cfg.schedule.mitigation))
-        self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
-                           lr_warmup=cfg.optim.warmup_steps, extra={"optimizer": cfg.optim.name,
-                                                                   "open_ended": bool(t.stop_at_target and t.target_ppl)})
-        try:
-            self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
-        except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)
-            raise ConfigError(str(e)) from None
-        self.policy = build.make_policy(cfg, self.plan)
-        self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         self.tokens_per_step = t.batch_size * cfg.model.block_size
-        self.runtime = self._make_runtime()
         self.signal = self._signal_batch()
+        # the local runtime's device (the dist runtime's workers place their own stages)
+        self.device = resolve_device(p.device) if self.kind == "local" else torch.device("cpu")
+        if self.kind == "local":
+            self.runtime = self._local_runtime()
+        else:  # the workers build their stages and measure their costs; the driver holds neither
+            self.runtime = self._dist_runtime()
+        try:
+            sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link,
+                                                          list(cfg.schedule.mitigation))
+            self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
+                               lr_warmup=cfg.optim.warmup_steps,
+                               extra={"optimizer": cfg.optim.name, "open_ended": bool(t.stop_at_target and t.target_ppl)})
+            try:
+                self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
+            except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)
+                raise ConfigError(str(e)) from None
+        except BaseException:
+            self.runtime.close()
+            raise
+
+    def _guard(self) -> DivergenceGuard:
+        """The divergence guard: only async phases are guarded."""
+        guard = DivergenceGuard(self.cfg.heuristic)
+        guard.enabled = guard.enabled and self.choice.phase != SYNC
+        guard.keep_for(self.lag)
+        return guard
 
     def _signal_batch(self):
         """The held-out batch whose loss the heuristic follows as its progress signal (None: the
@@ -141,50 +154,71 @@ class Trainer:
             return None
         if h.signal != "heldout":
             raise ConfigError(f"unknown heuristic.signal={h.signal!r}: use heldout or train")
-        if not self.runtime.heldout:
-            self.console.say("adapipe: heuristic.signal=heldout needs the local runtime; the heuristic follows the "
-                             "training loss")
-            return None
-        rows = max(1, h.signal_tokens // self.cfg.model.block_size)
-        x, y = self.data.val_batches(rows)[0]
-        return [(x.to(self.device), y.to(self.device))]
+        x, y = self.data.val_batches(self.signal_rows())[0]
+        device = resolve_device(self.cfg.pipeline.device) if self.kind == "local" else torch.device("cpu")
+        return [(x.to(device), y.to(device))]
 
-    def _make_runtime(self) -> Runtime:
-        """The local runtime, or the distributed one (``pipeline.runtime=dist``, or ``auto`` with a
-        CUDA device for every stage)."""
-        cfg, p = self.cfg, self.cfg.pipeline
-        if runtime_kind(cfg) == "dist":
-            from ..runtime.dist import DistRuntime
+    def signal_rows(self) -> int:
+        return max(1, self.cfg.heuristic.signal_tokens // self.cfg.model.block_size)
 
-            return DistRuntime(RunSpec(cfg, self.plan, self.eval_at, self.dir, self.resume))
+    def _local_runtime(self) -> Runtime:
+        """Every stage in this process, on ``pipeline.device``; the profile measured here."""
+        cfg, p, t = self.cfg, self.cfg.pipeline, self.cfg.train
+        self.stages, self.optimizers = build.make_stages(cfg, self.gcfg, device=self.device)
+        self.batches = build.Batches(self.data, t.batch_size, p.microbatches, device=self.device)
+        given = self._given_profile()
+        self.profile = self._use_profile(given or build.measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
+        self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         return LocalRuntime(
-            self.stages, self.optimizers, self.choice.spec, self.plan, self.policy, self.batches,
-            self.profile if p.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
+            self.stages, self.optimizers, self.choice.spec, self.plan, build.make_policy(cfg, self.plan), self.batches,
+            self.profile if self.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
             cfg.model.tie_embeddings, p.order, self.eval_at, self.val,
-            precision=cfg.train.precision, device=self.device)
+            precision=t.precision, device=self.device)
 
-    def _profile(self) -> CostProfile:
-        """The run's cost profile: ``pipeline.profile``, a resumed run's own, or measured now; refused
-        when it was measured for another run (model, stages, microbatch size...) or, on resume,
-        differs from the checkpoint's."""
+    def _dist_runtime(self) -> Runtime:
+        """A worker process per stage (``pipeline.runtime=dist``, or ``auto`` with a CUDA device for
+        every stage); without ``pipeline.profile`` each worker measures its own stage's costs."""
+        from ..runtime.dist import DistRuntime
+
+        given = self._given_profile()
+        if given is not None:
+            self._use_profile(given)  # (a refused resume starts no worker)
+        spec = RunSpec(self.cfg, self.plan, self.eval_at, self.dir, self.resume, schedule=self.choice.spec,
+                       link=self.link, profile=given, clock=self.clock,
+                       signal_rows=self.signal_rows() if self.signal else None,
+                       snapshots_kept=self.guard.snapshots.maxlen if self.guard.enabled else 0)
+        rt = DistRuntime(spec)
+        try:
+            self.profile = given or self._use_profile(rt.profile)
+        except BaseException:
+            rt.close()
+            raise
+        return rt
+
+    def _given_profile(self) -> CostProfile | None:
+        """``pipeline.profile``, or a resumed run's own (None: measure one); refused when it was
+        measured for another run (model, stages, microbatch size...)."""
         p = self.cfg.pipeline
         saved = self.dir / "profile.json"
         path = p.profile or (saved if self.cfg.train.resume and saved.is_file() else None)  # resume: the same clock
-        if path:
-            try:
-                prof = CostProfile.load(path)
-            except ValueError as e:
-                raise ConfigError(f"pipeline.profile={path}: {e}") from None
-            if prof.stages != p.stages:
-                raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
-                                  f"use a profile measured for {p.stages} stages")
-            wrong = build.profile_mismatch(prof.meta, build.profile_meta(self.cfg, self.micro))
-            if wrong:
-                raise ConfigError(f"pipeline.profile={path} was measured for another run ({wrong}): "
-                                  f"measure one for this run (adapipe profile with the same overrides) or leave it out")
-        else:
-            x, y = self.batches(0, 0)
-            prof = build.measure_stage_profile(self.cfg, self.stages, x, y)
+        if not path:
+            return None
+        try:
+            prof = CostProfile.load(path)
+        except ValueError as e:
+            raise ConfigError(f"pipeline.profile={path}: {e}") from None
+        if prof.stages != p.stages:
+            raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
+                              f"use a profile measured for {p.stages} stages")
+        wrong = build.profile_mismatch(prof.meta, build.profile_meta(self.cfg, self.micro))
+        if wrong:
+            raise ConfigError(f"pipeline.profile={path} was measured for another run ({wrong}): "
+                              f"measure one for this run (adapipe profile with the same overrides) or leave it out")
+        return prof
+
+    def _use_profile(self, prof: CostProfile) -> CostProfile:
+        """Record ``prof`` as the run's profile; refused, on resume, when it differs from the
+        checkpoint's."""
         self.fingerprints[fingerprint.PROFILE] = fingerprint.profile_fingerprint(prof)
         self._check_fingerprints()  # before profile.json is written: a refused resume changes nothing
         prof.save(self.dir / "profile.json")
@@ -205,14 +239,6 @@ class Trainer:
 
     def run(self) -> dict:
         cfg, t, rt = self.cfg, self.cfg.train, self.runtime
-        self.guard = DivergenceGuard(cfg.heuristic)
-        # only async phases are guarded, and a rollback needs the runtime's state
-        self.guard.enabled = self.guard.enabled and self.choice.phase != SYNC
-        if self.guard.enabled and not rt.snapshots:
-            self.guard.enabled = False
-            self.console.say(f"adapipe: the divergence guard needs the local runtime; off on the {rt.name} runtime "
-                             f"(a diverging run stops with an error)")
-        self.guard.keep_for(self.lag)
         self.st = RunState()
         resume = self.resume
         try:
@@ -222,7 +248,7 @@ class Trainer:
             rt.close()
             raise
         first_line = (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
-                      f"({cfg.pipeline.clock if rt.clock_name == 'pipeline' else 'wall'}) "
+                      f"({self.clock}) "
                       + (f"device={self.device} " if rt.name == "local" else "") + f"precision={t.precision} "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
@@ -430,7 +456,7 @@ class Trainer:
                                 "async": async_label(cfg.schedule) if self.choice.phase != SYNC else None},
             "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
             "runtime": self.runtime.name, "backend": self.runtime.backend, "clock": self.runtime.clock_name,
-            "clock_mode": cfg.pipeline.clock if self.runtime.clock_name == "pipeline" else "wall",
+            "clock_mode": self.clock,
             "device": str(self.device) if self.runtime.name == "local" else None, "precision": t.precision,
             "model": cfg.model.name, "data": cfg.data.name, "optimizer": cfg.optim.name,
             "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches,
@@ -454,7 +480,7 @@ class Trainer:
 
     def _plots(self, records: list[dict]) -> None:
         title = f"{method_label(self.cfg)}, p={self.cfg.pipeline.stages}, m={self.cfg.pipeline.microbatches}"
-        clock = "wall" if self.runtime.clock_name == "wall" else f"pipeline-{self.cfg.pipeline.clock}"
+        clock = "wall" if self.clock == "wall" else f"pipeline-{self.clock}"
         plot_curves(records, self.dir / "curves.png", self.cfg.train.target_ppl, clock, title)
         plot_phases(records, self.dir / "phases.png", self.cfg.train.target_ppl, clock, title)  # one span if no switch
 

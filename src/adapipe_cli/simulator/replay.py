@@ -1,0 +1,112 @@
+"""The stage programs of a run walked without computing: the simulator's engine, and the pipeline
+clock of a run whose stages compute elsewhere (the dist runtime with ``pipeline.clock=profiled``).
+
+:class:`Replay` holds one program and one buffer ledger per stage (:mod:`..schedules.ledger`,
+the one the stage executor drives) and the :class:`.clock.PipelineClock`. Each action costs
+``profile.cost(stage, kind, work)`` with the ledger's extra work, exactly as the local runtime's
+clock charges it, so ``run_step(t)`` gives the time the local runtime gives for step ``t`` with
+the same plan and profile.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..runtime.walk import walk
+from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
+from ..schedules.ledger import Ledger
+from .clock import CostProfile, LinkModel, PipelineClock
+
+
+class Replay:
+    """Every stage's program of ``plan`` under ``spec``, timed from ``profile``; ``record`` keeps
+    the timeline (stage, kind, mb, step, start, end) of every action but evaluations."""
+
+    def __init__(self, spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None,
+                 mitigations=(), record: bool = False):
+        p = spec.stages
+        if profile.stages != p:
+            raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
+        self.spec, self.plan, self.profile, self.p = spec, plan, profile, p
+        self.mit = set(mitigations)
+        self.record = record
+        self.programs = [StageProgram(s, spec, plan) for s in range(p)]
+        self.clock = PipelineClock(p, link, profile.act_bytes, spec.barrier)
+        self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
+                               nbytes=profile.stage_bytes(s)) for s in range(p)]
+        self.updated = [-1] * p  # last step each stage has updated
+        self.arrived: dict[int, set[int]] = {}  # step -> stages at its synchronous update
+        self.f_done: set[tuple[int, int]] = set()  # (stage, mb) forwarded, not yet taken by the next stage
+        self.b_done: set[tuple[int, int]] = set()
+        self.extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
+        self.timeline: list = []
+
+    def ready(self, s: int, a: Action) -> bool:
+        kind = a.kind
+        if kind == FORWARD:
+            return s == 0 or (s - 1, a.mb) in self.f_done
+        if kind in (BACKWARD, INPUT):
+            return s == self.p - 1 or (s + 1, a.mb) in self.b_done
+        if kind == UPDATE and a.phase == SYNC:
+            waiting = self.arrived.setdefault(a.step, set())
+            if s not in waiting:
+                waiting.add(s)
+                self.clock.arrive(s, a.step)
+            return len(waiting) == self.p or not self.spec.barrier
+        return True
+
+    def execute(self, s: int, a: Action) -> list[int]:
+        kind, p = a.kind, self.p
+        led, prog = self.ledgers[s], self.programs[s]
+        needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
+        work = led.run(a, prog.floor_version(), needed, self.mit)
+        cost = self.profile.cost(s, kind, work)
+        if work:
+            self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind)
+        start, end = self.clock.run(s, a, cost)
+        if self.record and kind != EVAL:
+            self.timeline.append((s, kind, a.mb, a.step, start, end))
+        if kind == FORWARD:
+            self.f_done.discard((s - 1, a.mb))
+            if s + 1 < p:
+                self.f_done.add((s, a.mb))
+                return [s + 1]
+        elif kind in (BACKWARD, INPUT):
+            self.b_done.discard((s + 1, a.mb))
+            if s > 0:
+                self.b_done.add((s, a.mb))
+                return [s - 1]
+        elif kind == UPDATE:
+            self.updated[s] = a.step
+            if a.phase == SYNC:
+                if all(u >= a.step for u in self.updated):
+                    self.arrived.pop(a.step, None)
+                return list(range(p))
+        return []
+
+    def run_all(self) -> None:
+        """Every action of the plan."""
+        walk(self.programs, range(self.p), lambda s: self.programs[s].peek() is None, self.ready, self.execute)
+
+    def run_step(self, t: int) -> tuple[float, float]:
+        """Every stage up to and including its ``U(t)``; (the end of step ``t``'s last update, the
+        stages' busy seconds so far)."""
+        walk(self.programs, range(self.p), lambda s: self.updated[s] >= t, self.ready, self.execute)
+        return self.clock.update_end.pop(t), sum(self.clock.busy)
+
+    # -- state (the divergence guard's rollback) -----------------------------------------------
+    def state_dict(self) -> dict:
+        return {"popped": [prog.popped for prog in self.programs], "clock": self.clock.state_dict(),
+                "ledgers": [copy.deepcopy(led.state_dict()) for led in self.ledgers],
+                "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra")})}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go back to ``state``; the plan must hold the phases decided when it was taken."""
+        self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
+        for prog, n in zip(self.programs, state["popped"]):
+            prog.skip(n)
+        self.clock.load_state_dict(state["clock"])
+        for led, st in zip(self.ledgers, state["ledgers"]):
+            led.load_state_dict(copy.deepcopy(st))
+        for k, v in copy.deepcopy(state["rest"]).items():
+            setattr(self, k, v)

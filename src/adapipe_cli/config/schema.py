@@ -120,7 +120,7 @@ class HeuristicConfig:
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
-    # after every step (off the clock, local runtime), or the training loss of each step (train)
+    # after every step (off the clock; on dist each worker runs it after its update), or the training loss (train)
     signal: str = "heldout"
     signal_tokens: int = 512
     # divergence guard

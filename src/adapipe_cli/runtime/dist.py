@@ -12,7 +12,12 @@ The Trainer drives it through the runtime interface (:class:`.base.Runtime`): ``
 ``run_step(t)`` opens the gate of ``U(t)`` and waits for every stage's report of step ``t``;
 ``evaluations`` waits for the validation losses that step ``t`` scheduled; ``evaluate_now`` and
 ``close`` end the run at the next gate. Times are wall-clock seconds from a barrier that all
-workers pass before their first action, minus the time spent evaluating.
+workers pass before their first action, minus the time spent evaluating; or, with
+``pipeline.clock=profiled``, the local runtime's pipeline time of the same plan and profile
+(:class:`..simulator.replay.Replay`). Without a given profile the workers measure it, each its own
+stage where it runs. ``evaluate`` waits for the held-out signal the workers run after each
+update; ``state_dict`` has the workers keep snapshots at the next gate, ``load_state_dict`` rolls
+them back to one (see :mod:`.worker`).
 
 Checkpoints: each worker writes its own stage's part, at the gate of the update after the
 checkpoint's step (see :mod:`.worker` for where the cut is and what crosses it); the driver

@@ -41,6 +41,21 @@ manifest last. What crosses this cut between stages ``s`` and ``s + 1``:
   :class:`.dist_transport.DistTransport`) is not part of the state: whether or not its message
   had arrived, no forward consumed it, so the resent copy takes its place.
 
+The heuristics' held-out signal (``signal_rows`` in the spec): right after each ``U(t)`` every
+stage runs ``S(t + 1)``, the forward of the held-out batch with the new weights, on the
+evaluation channel (``S(v)`` follows ``U(v - 1)`` and precedes ``E(v)`` at every stage, so both
+ends of the channel see one order); the last stage puts its loss on the board (``signal/{v}``).
+Without ``pipeline.profile`` each worker measures its own stage's cost profile before it reports
+ready (``profile/{rank}``), on its own device.
+
+The divergence guard: the gate is its cut too. The verdict ``snap`` keeps this stage's state
+(as a checkpoint part, in memory) before ``go``; ``back`` rolls back to a kept one: the driver
+names it (``back``, ``back/{n}``), each stage drops the activations its previous stage had sent
+and it had not taken (``back/{n}/now/{rank}``: microbatches forwarded and which carried a table),
+restores its snapshot, sends again the activations in flight at it (``back/{n}/expect/{rank}``),
+reports (``back/{n}/done/{rank}``) and waits until the driver has cleared the discarded steps'
+keys (``back/{n}/go``).
+
 Fault injection, for tests: ``ADAPIPE_FAULT=STAGE:STEP:KIND[,...]`` makes stage STAGE, right
 before its update of step STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit``
 with status 3, or ``hang`` (sleep for an hour).

@@ -339,6 +339,35 @@ def test_ctrl_c_stops_a_parallel_sweep_in_one_line(tmp_path):
 
 
 @pytest.mark.slow
+def test_sigterm_to_the_sweep_alone_stops_its_cells(tmp_path):
+    """kill PID (SIGTERM to the sweep process only, as a job scheduler sends it) while two cells run
+    in worker processes: the workers' cells stop as terminated runs, the sweep exits 143 with one
+    line, and no process is left."""
+    import signal
+    import time
+
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
+    exe = os.path.join(os.path.dirname(sys.executable), "adapipe")
+    p = subprocess.Popen([exe, "sweep", "sweep=smoke", "sweep.jobs=2", f"sweep.dir={tmp_path / 'sw'}"],
+                         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env, cwd=tmp_path,
+                         start_new_session=True)
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if sum("] start " in x for x in seen) == 2:
+            break
+    time.sleep(2)  # the cells are training
+    p.send_signal(signal.SIGTERM)
+    err = "".join(seen) + p.stderr.read()
+    assert p.wait(timeout=120) == 143, err
+    assert "terminated; rerun the same command to resume" in err and "Traceback" not in err, err
+    with pytest.raises(ProcessLookupError):  # nothing of the sweep's process group is left (within 5 s)
+        for _ in range(25):
+            os.killpg(p.pid, 0)
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
 def test_smoke_sweep_end_to_end(tmp_path):
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}
     exe = os.path.join(os.path.dirname(sys.executable), "adapipe")

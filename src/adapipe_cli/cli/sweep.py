@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+from . import signals
 from .errors import fail, hydra_message
 
 HELP = """usage: adapipe sweep sweep=NAME [sweep.KEY=VALUE ...] [overrides]
@@ -42,12 +43,16 @@ def sweep_command(args: list[str]) -> int:
     from ..sweep.report import write_report
     from ..sweep.run import SweepRunner
 
+    previous = signals.install()  # SIGTERM (kill, a job scheduler) stops the sweep as Ctrl-C does
     try:
         failed = SweepRunner(grid).run()
     except (ConfigError, DataError) as e:
         fail(str(e))
-    except KeyboardInterrupt:
-        fail(f"interrupted; rerun the same command to resume ({grid.dir})", code=130)
+    except KeyboardInterrupt as e:
+        word, code = signals.interrupt_exit(e)
+        fail(f"{word}; rerun the same command to resume ({grid.dir})", code=code)
+    finally:
+        signals.restore(previous)
     try:
         paths = write_report(grid.dir)
     except ConfigError as e:  # the runs are kept: say how to write the report once the cause is fixed

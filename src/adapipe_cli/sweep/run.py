@@ -31,6 +31,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..cli.compose import compose_config
+from ..cli.signals import Terminated
 from .grid import Cell, Grid
 from .progress import cell_line, cell_result
 from .profile import measure_depth_profile
@@ -59,6 +60,25 @@ class InlineExecutor:
 
     def shutdown(self, wait: bool = True, cancel_futures: bool = False) -> None:
         pass
+
+
+def stop_workers(ex, grace_s: float = 5.0, wait_s: float = 60.0) -> None:
+    """Stop the cells running in the pool's worker processes when the sweep is interrupted. After
+    Ctrl-C in a terminal they have the signal too and end within ``grace_s``; a signal to the sweep
+    alone (``kill PID``) reaches only this process, so the workers left then get SIGTERM (each cell
+    stops as a terminated run, its partial results kept), and SIGKILL after ``wait_s``."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())  # ProcessPoolExecutor's workers
+    ex.shutdown(wait=False, cancel_futures=True)
+    for stage, deadline in ((None, grace_s), ("terminate", wait_s), ("kill", 5.0)):
+        if stage:
+            for p in procs:
+                if p.is_alive():
+                    getattr(p, stage)()
+        end = time.time() + deadline
+        for p in procs:
+            p.join(max(0.0, end - time.time()))
+        if not any(p.is_alive() for p in procs):
+            return
 
 
 class SweepRunner:
@@ -99,7 +119,7 @@ class SweepRunner:
         try:
             self._drain(ex, queue, jobs)
         except KeyboardInterrupt:
-            ex.shutdown(wait=False, cancel_futures=True)
+            stop_workers(ex)
             raise
         ex.shutdown()
         return self.failed
@@ -149,7 +169,7 @@ class SweepRunner:
                     (self.grid.dir / c.name).mkdir(parents=True, exist_ok=True)
                     (self.grid.dir / c.name / "error.txt").write_text(f"worker process failed: {e!r}\n")
                 if code in (130, 143):  # a run was interrupted or terminated: stop the sweep, not only that run
-                    raise KeyboardInterrupt
+                    raise Terminated() if code == 143 else KeyboardInterrupt()
                 status, reason = self.state.status(c)
                 cell_result(index, self.total, self.start, self.grid.dir / c.name, time.time() - t0)
                 if status != "done":

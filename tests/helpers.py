@@ -52,20 +52,21 @@ def sched_cfg(**kw):
 
 def local_runtime(p: int, m: int, phases: list[str], data, *, sync="1f1b", weights="stash", gcfg=GCFG,
                   ocfg=None, scfg=None, clip=1.0, order="forward", seed=0, profile=None,
-                  precision="fp32", barrier=None):
-    """``barrier`` (None: as a run would choose, see train/build.py): whether sync updates wait."""
+                  precision="fp32", barrier=None, chunks=1):
+    """``barrier`` (None: as a run would choose, see train/build.py): whether sync updates wait;
+    ``chunks``: model chunks per device (interleaved: the model is cut into ``p * chunks``)."""
     steps = len(phases)
     plan = Plan(steps, list(phases))
     ocfg = ocfg if ocfg is not None else optim_cfg()
     scfg = scfg if scfg is not None else sched_cfg()
     ocfg.grad_clip = clip
-    stages = build_stages(gcfg, partition(gcfg, p), seed)
+    stages = build_stages(gcfg, partition(gcfg, p * chunks), seed)
     opts = [StageOptimizer(list(s.named_parameters()), ocfg) for s in stages]
     policy = UpdatePolicy(ocfg, scfg, plan, steps)
     if barrier is None:
         barrier = sync != "zbh2" or clip > 0 or (gcfg.tie_embeddings and p > 1)
-    return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights, barrier), plan, policy, batch_fn(data, m),
-                        profile or CostProfile.uniform(p), LinkModel(), clip, seed, gcfg.tie_embeddings, order,
+    return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights, barrier, chunks), plan, policy, batch_fn(data, m),
+                        profile or CostProfile.uniform(p * chunks), LinkModel(), clip, seed, gcfg.tie_embeddings, order,
                         precision=precision)
 
 

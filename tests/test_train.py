@@ -95,7 +95,7 @@ def test_help_lists_commands_and_groups(capsys):
     text = capsys.readouterr().out
     groups = dict(line.strip().split(": ", 1) for line in text.split("Config groups")[1].split("\n\n")[0].splitlines()[1:])
     assert set(groups) == {"data", "heuristic", "logger", "model", "optim", "pipeline", "schedule"}  # no sweep
-    assert groups["schedule"] == "1f1b, 2bw, adapipe, gpipe, pipedream, zbh1, zbh2" and groups["data"].startswith("synthetic")
+    assert groups["schedule"] == "1f1b, 2bw, adapipe, gpipe, interleaved, pipedream, zbh1, zbh2" and groups["data"].startswith("synthetic")
     assert not any("base" in options.split(", ") for options in groups.values())
     assert "pipeline:\n  stages: 4" in text  # the composed config follows
     assert main(["simulate", "--help"]) == 0  # the same for adapipe simulate: no bases
@@ -124,7 +124,13 @@ BAD = [
     (["heuristic=fixed", "heuristic.plan=[[sync,200],[asyn,null]]"], "heuristic.plan: unknown phase 'asyn'"),
     (["heuristic=fixed", "heuristic.plan=[sync,async]"], "heuristic.plan"),
     (["pipeline.stages", "4"], "'pipeline.stages' is not an override: write key=value with no spaces, e.g. pipeline.stages=4"),
-    (["heuristic.start=soon"], "heuristic.start='soon'"),  # (found while the Trainer is built, in the run directory)
+    (["heuristic.start=soon"], "heuristic.start='soon'"),
+    (["schedule=1f1b", "schedule.chunks=2"], "schedule.chunks=2 needs schedule=interleaved"),
+    (["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=1"], "multiple of pipeline.stages=2"),
+    (["schedule=interleaved", "pipeline.stages=4", "pipeline.microbatches=4"], "8 chunks is more than the 4 blocks"),
+    (["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=2", "pipeline.runtime=dist"],
+     "runs on pipeline.runtime=local only"),
+    (["schedule=adapipe", "schedule.sync=interleaved"], "unknown schedule.sync='interleaved'"),  # (found while the Trainer is built, in the run directory)
 ]
 
 

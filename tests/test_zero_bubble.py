@@ -109,8 +109,9 @@ def reference_with_norms(data, m, clip, gcfg, steps=STEPS):
     return losses, norms
 
 
-@pytest.mark.parametrize("clip", [1.0, 0.0])  # 0: no barrier at the update (steps overlap)
-@pytest.mark.parametrize("p,m", [(2, 1), (2, 4), (4, 2), (4, 8), (8, 1), (8, 8)])
+# clip 0: no barrier at the update (steps overlap), where the 2p - 1 limit binds (m >= 2p - 1) or not
+@pytest.mark.parametrize("p,m,clip", [(2, 1, 1.0), (2, 4, 1.0), (2, 4, 0.0), (4, 2, 1.0), (4, 8, 1.0), (4, 8, 0.0),
+                                      (8, 1, 1.0), (8, 8, 1.0), (8, 8, 0.0)])
 def test_zbh2_equals_single_process_gradient_accumulation(p, m, clip):
     gcfg = DEEP if p == 8 else GCFG
     data = make_data(STEPS)

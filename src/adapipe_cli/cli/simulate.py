@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config.validate import ASYNC_SCHEDULES, SCHEDULES, SYNC_SCHEDULES
+from ..config.validate import ADAPIPE_SYNC, ASYNC_SCHEDULES, SCHEDULES
 from .compose import HELP_FLAGS, compose_or_fail
 from .errors import fail
 
@@ -74,7 +74,7 @@ def prepare(cfg) -> Setup:
     _need(cfg.steps >= 1, f"steps must be at least 1 (got {cfg.steps})")
     _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
     if s.name == "adapipe":
-        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
+        _need(s.sync in ADAPIPE_SYNC, f"unknown schedule.sync={s.sync!r}: use {', '.join(ADAPIPE_SYNC)}")
         _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use {' or '.join(ASYNC_SCHEDULES)}")
     for key in ("forward", "backward", "update", "act_bytes"):
         _need(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
@@ -85,14 +85,15 @@ def prepare(cfg) -> Setup:
         spec.check()
     except ScheduleError as e:
         fail(str(e))
+    n, v = spec.virtual_stages, spec.chunks
     if p.profile:
         profile = _load_profile(p.profile)
-        _need(profile.stages == p.stages,
-              f"pipeline.profile={p.profile} has {profile.stages} stages but pipeline.stages={p.stages}: "
-              f"use a profile measured for {p.stages} stages")
+        _need(profile.stages == n,
+              f"pipeline.profile={p.profile} has {profile.stages} stages but the pipeline has {n}: "
+              f"use a profile measured for {n} stages")
         source = p.profile
-    else:
-        profile = CostProfile.uniform(p.stages, cfg["forward"], cfg["backward"], cfg["update"], cfg["act_bytes"])
+    else:  # (interleaved: a stage's costs shared by its v chunks)
+        profile = CostProfile.uniform(n, cfg["forward"] / v, cfg["backward"] / v, cfg["update"] / v, cfg["act_bytes"])
         source = "uniform"
     steps = cfg.steps
     return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel(p.link_latency_s, p.link_bandwidth), source)
@@ -131,7 +132,7 @@ def action_table(spec, plan, limit: int = ACTIONS_PRINTED, width: int = TABLE_WI
     from ..schedules import Plan, StageProgram
 
     rows, more = [], []
-    for s in range(spec.stages):
+    for s in range(spec.virtual_stages):  # (interleaved: each virtual stage's own list)
         prog = StageProgram(s, spec, Plan(plan.max_steps, list(plan.phases)))
         row, n = [], 0
         while (a := prog.pop()) is not None:
@@ -142,7 +143,7 @@ def action_table(spec, plan, limit: int = ACTIONS_PRINTED, width: int = TABLE_WI
         more.append(n - len(row))
     ncol = max(map(len, rows), default=0)
     widths = [max(len(r[i]) for r in rows if i < len(r)) for i in range(ncol)]
-    prefix = [f"stage {s:>{len(str(spec.stages - 1))}} | " for s in range(spec.stages)]
+    prefix = [f"stage {s:>{len(str(spec.virtual_stages - 1))}} | " for s in range(spec.virtual_stages)]
     blocks, first = [], 0
     while first < ncol or not blocks:
         last, used = first, len(prefix[0])
@@ -183,11 +184,13 @@ def summary_text(name: str, setup: Setup, res) -> str:
         lines.append(f"note: {res.steps} steps are too few to leave out the fill and the drain; "
                      f"use steps={min_steady_steps(spec.stages, spec.microbatches)} or more for the steady state")
     lines += ["", "stage  utilization  peak activations  weight versions  parameter sets  peak MiB"]
-    for s in range(spec.stages):
+    for s in range(spec.virtual_stages):  # (interleaved: virtual stages, each with its device's utilization)
         mem = res.memory[s]
         mib = f"{mem['peak_bytes'] / 2**20:.3f}" if mem["peak_bytes"] else "-"
-        lines.append(f"{s:>5}  {res.utilization[s]:>11.4f}  {res.peak_activations[s]:>16}  {res.weight_versions[s]:>15}"
-                     f"  {mem['peak_param_sets']:>14}  {mib:>8}")
+        lines.append(f"{s:>5}  {res.utilization[spec.device_of(s)]:>11.4f}  {res.peak_activations[s]:>16}  "
+                     f"{res.weight_versions[s]:>15}  {mem['peak_param_sets']:>14}  {mib:>8}")
+    if spec.chunks > 1:
+        lines.append(f"(virtual stage s runs on device s % {spec.stages})")
     lines.append("(parameter sets: live, stashed and shadow copies, predictions; MiB needs a measured pipeline.profile)")
     return "\n".join(lines)
 
@@ -201,7 +204,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
 
     setup = prepare(cfg)
     spec, name = setup.spec, cfg.schedule.name
-    actions = setup.plan.max_steps * spec.stages * (2 * spec.microbatches + 1)
+    actions = setup.plan.max_steps * spec.virtual_stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
     res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation))
     run_dir.mkdir(parents=True, exist_ok=True)

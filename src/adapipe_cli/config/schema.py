@@ -94,6 +94,7 @@ def _schedule_class() -> type:
         "transition_steps": (int, 0),  # damped steps after every switch into async
         "transition_lr_scale": (float, 1.0),  # lr factor at the start of a transition, ramped to 1
         "transition_momentum": (Optional[float], None),  # beta1 during a transition (null: unchanged)
+        "chunks": (int, 1),  # interleaved: model chunks per device (p * chunks virtual stages)
     }
     ns: dict[str, Any] = {"__annotations__": {k: t for k, (t, _) in fields.items()}}
     ns.update({k: d for k, (_, d) in fields.items()})

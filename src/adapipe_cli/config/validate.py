@@ -10,7 +10,8 @@ from ..runtime.device import PRECISIONS, DeviceError, resolve_device
 from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
 
-SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "pipedream", "2bw", "adapipe")
+SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "interleaved", "pipedream", "2bw", "adapipe")
+ADAPIPE_SYNC = tuple(x for x in SYNC_SCHEDULES if x != "interleaved")  # AdaPipe's sync phase: one chunk per device
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -71,12 +72,28 @@ def validate(cfg) -> None:
     _check_schedule(cfg)
 
 
+def _check_chunks(cfg) -> None:
+    """Interleaved 1F1B: p * v chunks of at least one block each, m a multiple of p, local runtime."""
+    s, p, n = cfg.schedule, cfg.pipeline, cfg.model.n_layer
+    if s.name != "interleaved":
+        _need(s.chunks == 1, f"schedule.chunks={s.chunks} needs schedule=interleaved (other schedules hold one chunk per stage)")
+        return
+    _need(s.chunks >= 1, f"schedule.chunks must be at least 1 (got {s.chunks})")
+    _need(p.stages * s.chunks <= n, f"pipeline.stages x schedule.chunks = {p.stages * s.chunks} chunks is more than the "
+                                    f"{n} blocks of model {cfg.model.name}: use fewer chunks or a deeper model")
+    _need(p.microbatches % p.stages == 0, f"schedule=interleaved needs pipeline.microbatches to be a multiple of "
+                                          f"pipeline.stages={p.stages} (got {p.microbatches})")
+    _need(p.runtime != "dist", "schedule=interleaved runs on pipeline.runtime=local only (the dist runtime holds one "
+                               "chunk per worker): use pipeline.runtime=local")
+
+
 def _check_schedule(cfg) -> None:
     s, p = cfg.schedule, cfg.pipeline
     _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
     if s.name == "adapipe":
-        _need(s.sync in SYNC_SCHEDULES, f"unknown schedule.sync={s.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
+        _need(s.sync in ADAPIPE_SYNC, f"unknown schedule.sync={s.sync!r}: use {', '.join(ADAPIPE_SYNC)}")
         _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use pipedream or 2bw")
+    _check_chunks(cfg)
     _need(s.weights in WEIGHT_RULES[:3], f"unknown schedule.weights={s.weights!r}: use stash, latest or vertical")
     for name in s.mitigation:
         _need(name in MITIGATIONS, f"unknown mitigation {name!r} in schedule.mitigation: use {', '.join(MITIGATIONS)}")

@@ -17,6 +17,7 @@ import torch
 
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
+from ..schedules.interleaved import DevicePicks
 from ..simulator.clock import CostProfile, LinkModel, PipelineClock
 from .. import checkpoint
 from .base import StepResult, global_norm, stage_lrs
@@ -51,8 +52,10 @@ class LocalRuntime:
         precision: str = "fp32",
         device: torch.device | None = None,
     ):
-        self.p, self.m = spec.stages, spec.microbatches
+        # p: stages (virtual stages with interleaving), each its own executor; devices: what the clock times
+        self.p, self.m, self.devices = spec.virtual_stages, spec.microbatches, spec.stages
         self.plan, self.spec = plan, spec
+        self.picks = DevicePicks(spec)
         self.transport = LocalTransport()
         self.programs = [StageProgram(s, spec, plan) for s in range(self.p)]
         self.executors = [
@@ -63,7 +66,8 @@ class LocalRuntime:
         ]
         self.profile = profile  # None: each action's measured duration is its cost
         self.device = device or torch.device("cpu")  # every stage's; tensors pass between stages as they are
-        self.clock = PipelineClock(self.p, link, profile.act_bytes if profile else 0.0, spec.barrier)
+        self.clock = PipelineClock(self.devices, link, profile.act_bytes if profile else 0.0, spec.barrier,
+                                   stage_device=[spec.device_of(s) for s in range(self.p)])
         self.updated = [-1] * self.p  # last step each stage has updated
         self.arrived: set[tuple[int, int]] = set()
         self.order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))
@@ -100,9 +104,13 @@ class LocalRuntime:
 
     # -- the walk ------------------------------------------------------------------------------
     def _ready(self, s: int, a: Action) -> bool:
+        if not self.picks.next_is(s):
+            return False
         if a.kind == UPDATE and a.phase == SYNC and (s, a.step) not in self.arrived:
             self.arrived.add((s, a.step))
             self.clock.arrive(s, a.step)
+            for c in self.picks.updates_after(s):  # the device's other chunks post their shares too
+                self.executors[c].ready(a)
         return self.executors[s].ready(a)
 
     def _execute(self, s: int, a: Action) -> list[int]:
@@ -115,15 +123,16 @@ class LocalRuntime:
             synchronize(self.device)
         cost = time.perf_counter() - t0 if measured else self.profile.cost(s, a.kind, work)
         self.clock.run(s, a, cost)
+        woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)
         if a.kind == UPDATE:
             self.updated[s] = a.step
             self.arrived.discard((s, a.step))
-            return list(range(self.p)) if a.phase == SYNC else []
+            return list(range(self.p)) if a.phase == SYNC else woken
         if a.kind in (FORWARD, EVAL):
-            return [s + 1] if s + 1 < self.p else []
+            return woken + ([s + 1] if s + 1 < self.p else [])
         if a.kind in (BACKWARD, INPUT):
-            return [s - 1] if s > 0 else []
-        return []
+            return woken + ([s - 1] if s > 0 else [])
+        return woken
 
     def run_step(self, t: int) -> StepResult:
         """Run every stage up to and including its update of step ``t``."""
@@ -133,7 +142,7 @@ class LocalRuntime:
         now = self.clock.update_end.pop(t)
         busy = sum(self.clock.busy)
         span = now - self.last_time
-        bubble = 1.0 - (busy - self.last_busy) / (self.p * span) if span > 0 else 0.0
+        bubble = 1.0 - (busy - self.last_busy) / (self.devices * span) if span > 0 else 0.0
         self.last_time, self.last_busy = now, busy
         last = stats[-1]
         if self.eval_at(t):
@@ -183,6 +192,7 @@ class LocalRuntime:
         """Restore a state taken by :meth:`state_dict`; the plan must already hold the phases that
         were decided when it was taken (the programs are regenerated from it)."""
         self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
+        self.picks = DevicePicks(self.spec)  # (a step boundary: every device at the start of its order)
         for ex, prog, st in zip(self.executors, self.programs, state["stages"]):
             ex.load_state_dict(st, prog)
         self.transport.box = {tuple(k): v.to(self.device).clone() for k, v in state["messages"].items()}

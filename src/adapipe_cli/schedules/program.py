@@ -21,6 +21,9 @@ Within a segment of microbatches ``[a, b)`` stage ``s`` of ``p`` runs
   at stage ``s`` and the ``W`` deferred to the tail (:mod:`.zero_bubble`): every stage holds up to
   ``2p - 1`` microbatches, and without the update's barrier (``ScheduleSpec.barrier``) the bubble
   per step is ``(p - 1)(F + I - 2W)``, zero at ``F = I = W``.
+- interleaved 1F1B (sync only; ``chunks = v > 1``): stage ``s`` is one of ``p v`` virtual stages,
+  on device ``s % p``; its list is its device's interleaved order restricted to it
+  (:mod:`.interleaved`), and the runtimes run each device's virtual stages in that order.
 
 and the update ``U(t)`` right after the backward of the last microbatch of step ``t``.
 
@@ -44,10 +47,11 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, Plan
+from .interleaved import chunk_actions
 from .zero_bubble import zbh2_order
 
 WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
-SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2")
+SYNC_SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "interleaved")
 SPLIT_SCHEDULES = ("zbh1", "zbh2")  # sync schedules whose backward is split into I and W
 
 
@@ -66,10 +70,24 @@ class ScheduleSpec:
     # a sync update waits for every stage (the global gradient norm for clipping, the tied
     # embedding's sum); False (zbh2 without either) lets each stage update after its own last W
     barrier: bool = True
+    chunks: int = 1  # model chunks per device (interleaved: p * chunks virtual stages)
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.stages * self.chunks
+
+    def device_of(self, stage: int) -> int:
+        """The device of virtual stage ``stage`` (itself when ``chunks`` is 1)."""
+        return stage % self.stages
 
     def check(self) -> None:
         if self.sync not in SYNC_SCHEDULES:
             raise ScheduleError(f"unknown sync schedule {self.sync!r}: use {', '.join(SYNC_SCHEDULES)}")
+        if self.chunks < 1 or (self.chunks > 1 and self.sync != "interleaved"):
+            raise ScheduleError(f"schedule.chunks={self.chunks}: use 1, or more with schedule=interleaved")
+        if self.sync == "interleaved" and self.microbatches % self.stages:
+            raise ScheduleError(f"interleaved 1F1B needs pipeline.microbatches to be a multiple of pipeline.stages "
+                                f"(= {self.stages}); got {self.microbatches}")
         if self.weights not in WEIGHT_RULES:
             raise ScheduleError(f"unknown weight rule {self.weights!r}: use stash, latest or vertical")
         if self.weights == "2bw" and self.microbatches < self.stages - 1:
@@ -182,6 +200,12 @@ class StageProgram:
                 yield from self._forward(j, t, SYNC)
             for j in mbs:
                 yield Action(BACKWARD, j, t, t, SYNC)
+        elif self.spec.sync == "interleaved":
+            for kind, i in chunk_actions(self.s, self.p, self.spec.chunks, m):
+                if kind == FORWARD:
+                    yield from self._forward(a + i, t, SYNC)
+                elif kind == BACKWARD:
+                    yield Action(BACKWARD, a + i, t, t, SYNC)
         elif self.spec.sync == "zbh2":
             for kind, i in zbh2_order(self.p, m)[self.s]:
                 if kind == FORWARD:
@@ -216,6 +240,8 @@ class StageProgram:
 
     def _async_segment(self, t0: int) -> Iterator[Action]:
         """A 1F1B stream over consecutive async steps from ``t0``; returns the step after it."""
+        if self.spec.chunks > 1:
+            raise ScheduleError("an asynchronous step needs one model chunk per device (schedule.chunks=1)")
         m, w = self.m, self.p - self.s - 1
         a = t0 * m
         fwd_version: dict[int, int] = {}

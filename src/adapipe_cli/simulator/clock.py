@@ -126,8 +126,12 @@ class LinkModel:
 class PipelineClock:
     """Start and end time of every action, from its cost and its dependencies."""
 
-    def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0, barrier: bool = True):
-        self.p = stages
+    def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0, barrier: bool = True,
+                 stage_device: list[int] | None = None):
+        # stage_device: the device of each (virtual) stage, when a device holds several (interleaved);
+        # ``free`` and ``busy`` are per device, and the stage indices of actions are virtual
+        self.device = stage_device or list(range(stages))
+        self.p = len(self.device)
         self.barrier = barrier  # a sync update starts when every stage has reached it (ScheduleSpec.barrier)
         self.link_time = (link or LinkModel()).time(act_bytes)
         self.free = [0.0] * stages
@@ -140,11 +144,12 @@ class PipelineClock:
 
     def arrive(self, stage: int, step: int) -> None:
         """Stage ``stage`` has reached the synchronous update of ``step`` (now idle until all have)."""
-        self._arrivals.setdefault(step, []).append(self.free[stage])
+        self._arrivals.setdefault(step, []).append(self.free[self.device[stage]])
 
     def run(self, stage: int, a: Action, cost: float) -> tuple[float, float]:
         """Place action ``a`` of ``stage`` lasting ``cost`` seconds; returns (start, end)."""
-        start = self.free[stage]
+        dev = self.device[stage]
+        start = self.free[dev]
         if a.kind == FORWARD and stage > 0:
             start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
         elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:
@@ -166,8 +171,8 @@ class PipelineClock:
             else:
                 self._u_left.pop(a.step, None)
                 self._arrivals.pop(a.step, None)
-        self.free[stage] = end
-        self.busy[stage] += cost
+        self.free[dev] = end
+        self.busy[dev] += cost
         return start, end
 
     def now(self) -> float:

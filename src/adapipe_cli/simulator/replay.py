@@ -14,6 +14,7 @@ import copy
 
 from ..runtime.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
+from ..schedules.interleaved import DevicePicks
 from ..schedules.ledger import Ledger
 from .clock import CostProfile, LinkModel, PipelineClock
 
@@ -24,14 +25,16 @@ class Replay:
 
     def __init__(self, spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None,
                  mitigations=(), record: bool = False):
-        p = spec.stages
+        p = spec.virtual_stages  # (interleaved: every virtual stage's program, on its device's clock)
         if profile.stages != p:
             raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
         self.spec, self.plan, self.profile, self.p = spec, plan, profile, p
         self.mit = set(mitigations)
         self.record = record
         self.programs = [StageProgram(s, spec, plan) for s in range(p)]
-        self.clock = PipelineClock(p, link, profile.act_bytes, spec.barrier)
+        self.picks = DevicePicks(spec)
+        self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
+                                   [spec.device_of(s) for s in range(p)])
         self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
                                nbytes=profile.stage_bytes(s)) for s in range(p)]
         self.updated = [-1] * p  # last step each stage has updated
@@ -43,15 +46,18 @@ class Replay:
 
     def ready(self, s: int, a: Action) -> bool:
         kind = a.kind
+        if not self.picks.next_is(s):
+            return False
         if kind == FORWARD:
             return s == 0 or (s - 1, a.mb) in self.f_done
         if kind in (BACKWARD, INPUT):
             return s == self.p - 1 or (s + 1, a.mb) in self.b_done
         if kind == UPDATE and a.phase == SYNC:
             waiting = self.arrived.setdefault(a.step, set())
-            if s not in waiting:
-                waiting.add(s)
-                self.clock.arrive(s, a.step)
+            for c in (s, *self.picks.updates_after(s)):  # (a device reaches all its chunks' updates at once)
+                if c not in waiting:
+                    waiting.add(c)
+                    self.clock.arrive(c, a.step)
             return len(waiting) == self.p or not self.spec.barrier
         return True
 
@@ -65,24 +71,25 @@ class Replay:
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind)
         start, end = self.clock.run(s, a, cost)
         if self.record and kind != EVAL:
-            self.timeline.append((s, kind, a.mb, a.step, start, end))
+            self.timeline.append((self.spec.device_of(s), kind, a.mb, a.step, start, end))
+        woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)
         if kind == FORWARD:
             self.f_done.discard((s - 1, a.mb))
             if s + 1 < p:
                 self.f_done.add((s, a.mb))
-                return [s + 1]
+                woken.append(s + 1)
         elif kind in (BACKWARD, INPUT):
             self.b_done.discard((s + 1, a.mb))
             if s > 0:
                 self.b_done.add((s, a.mb))
-                return [s - 1]
+                woken.append(s - 1)
         elif kind == UPDATE:
             self.updated[s] = a.step
             if a.phase == SYNC:
                 if all(u >= a.step for u in self.updated):
                     self.arrived.pop(a.step, None)
                 return list(range(p))
-        return []
+        return woken
 
     def run_all(self) -> None:
         """Every action of the plan."""
@@ -96,13 +103,15 @@ class Replay:
 
     # -- state (the divergence guard's rollback) -----------------------------------------------
     def state_dict(self) -> dict:
-        return {"popped": [prog.popped for prog in self.programs], "clock": self.clock.state_dict(),
+        return {"popped": [prog.popped for prog in self.programs], "picks": list(self.picks.pos), "clock": self.clock.state_dict(),
                 "ledgers": [copy.deepcopy(led.state_dict()) for led in self.ledgers],
                 "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra")})}
 
     def load_state_dict(self, state: dict) -> None:
         """Go back to ``state``; the plan must hold the phases decided when it was taken."""
         self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
+        self.picks = DevicePicks(self.spec)
+        self.picks.pos = list(state.get("picks", self.picks.pos))
         for prog, n in zip(self.programs, state["popped"]):
             prog.skip(n)
         self.clock.load_state_dict(state["clock"])

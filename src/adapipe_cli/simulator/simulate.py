@@ -27,7 +27,7 @@ class SimResult:
     makespan: float  # end of the last update
     bubble_fraction: float  # steady state: 1 - busy / (p * step_time)
     run_bubble_fraction: float  # whole run, fill and drain included
-    utilization: list[float]  # per stage, whole run
+    utilization: list[float]  # per device (stage, without interleaving), whole run
     peak_activations: list[int]
     weight_versions: list[int]
     update_end: list[float]  # per step
@@ -39,7 +39,8 @@ class SimResult:
         d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
         d.pop("memory")
         d["per_stage"] = [
-            {**self.memory[s], "utilization": self.utilization[s], "weight_versions": self.weight_versions[s]}
+            {**self.memory[s], "utilization": self.utilization[s % len(self.utilization)],  # (its device's)
+             "weight_versions": self.weight_versions[s]}
             for s in range(self.stages)
         ]
         return d
@@ -49,7 +50,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
              mitigations: tuple[str, ...] | list[str] = ()) -> SimResult:
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
     (``schedule.mitigation``) change the buffers held and the work done."""
-    p = spec.stages
+    p, devices = spec.virtual_stages, spec.stages  # (p: stages, virtual with interleaving, as in the local runtime)
     rep = Replay(spec, plan, profile, link, mitigations, record=record)
     rep.run_all()
     clock, ledgers, extra, timeline = rep.clock, rep.ledgers, rep.extra, rep.timeline
@@ -65,7 +66,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     # per step over the steps the steady step time spans
     window = _steady_window(n, skip)
     busy_extra = sum(extra.get(t, 0.0) for t in window) / len(window) if window else 0.0
-    bubble = 1.0 - (work + busy_extra) / (p * step_time) if step_time > 0 else 0.0
+    bubble = 1.0 - (work + busy_extra) / (devices * step_time) if step_time > 0 else 0.0
     busy = clock.busy
     return SimResult(
         stages=p,
@@ -74,7 +75,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         step_time=step_time,
         makespan=makespan,
         bubble_fraction=max(0.0, bubble),
-        run_bubble_fraction=1.0 - sum(busy) / (p * makespan) if makespan > 0 else 0.0,
+        run_bubble_fraction=1.0 - sum(busy) / (devices * makespan) if makespan > 0 else 0.0,
         utilization=[b / makespan if makespan > 0 else 0.0 for b in busy],
         peak_activations=[led.peak.activations for led in ledgers],
         weight_versions=[led.peak.versions for led in ledgers],
@@ -121,6 +122,8 @@ def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel 
     n = 3 * k
     sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations)  # noqa: E731
     sync = sim([SYNC] * n)
+    if spec.chunks > 1:  # interleaved runs sync steps only
+        return sync.step_time, sync.step_time, 0.0
     asyn = sim([ASYNC] * n)
     trip = sim([ASYNC] * k + [SYNC] * k + [ASYNC] * k)
     extra = trip.makespan - asyn.makespan - k * (sync.step_time - asyn.step_time)

@@ -29,14 +29,20 @@ class ScheduleChoice:
 def schedule_choice(cfg) -> ScheduleChoice:
     s, p, m = cfg.schedule, cfg.pipeline.stages, cfg.pipeline.microbatches
     name = s.name
+    v = s.chunks  # (ScheduleSpec.check refuses chunks > 1 but with interleaved)
     if name in SYNC_SCHEDULES:
-        return ScheduleChoice(ScheduleSpec(p, m, name, "stash", barrier=update_barrier(cfg, name)), SYNC)
+        return ScheduleChoice(ScheduleSpec(p, m, name, "stash", barrier=update_barrier(cfg, name), chunks=v), SYNC)
     if name == "pipedream":
-        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights), ASYNC)
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights, chunks=v), ASYNC)
     if name == "2bw":
-        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw"), ASYNC)
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw", chunks=v), ASYNC)
     weights = "2bw" if s["async"] == "2bw" else s.weights
-    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync)), None)
+    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync), chunks=v), None)
+
+
+def virtual_stages(cfg) -> int:
+    """Model chunks of the run: ``pipeline.stages``, times ``schedule.chunks`` when interleaved."""
+    return cfg.pipeline.stages * (cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1)
 
 
 def update_barrier(cfg, sync: str) -> bool:
@@ -55,7 +61,7 @@ def model_config(cfg, vocab_size: int) -> GPTConfig:
 
 
 def stage_bounds(cfg, gcfg: GPTConfig) -> list[tuple[int, int]]:
-    return partition(gcfg, cfg.pipeline.stages, cfg.pipeline.partition)
+    return partition(gcfg, virtual_stages(cfg), cfg.pipeline.partition)
 
 
 def make_stages(cfg, gcfg: GPTConfig, which: list[int] | None = None, device: torch.device | None = None):
@@ -84,7 +90,7 @@ def profile_meta(cfg, microbatch_size: int) -> dict:
     """What a cost profile is measured for: a profile fits a run only if every entry but ``threads``
     matches (:func:`profile_mismatch`)."""
     m = cfg.model
-    return {"model": m.name, "stages": cfg.pipeline.stages, "microbatch_size": int(microbatch_size),
+    return {"model": m.name, "stages": virtual_stages(cfg), "microbatch_size": int(microbatch_size),
             "seq_len": m.block_size, "optimizer": cfg.optim.name,
             "model_shape": {"n_layer": m.n_layer, "n_head": m.n_head, "d_model": m.d_model, "d_ff": m.d_ff},
             "partition": cfg.pipeline.partition, "threads": torch.get_num_threads(),

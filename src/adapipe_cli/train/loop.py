@@ -77,6 +77,8 @@ def runtime_kind(cfg) -> str:
     """``local`` or ``dist``: ``auto`` picks dist when there is a CUDA device for every stage."""
     if cfg.pipeline.runtime != "auto":
         return cfg.pipeline.runtime
+    if cfg.schedule.name == "interleaved":  # (the dist runtime holds one chunk per worker)
+        return "local"
     return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.pipeline.stages else "local"
 
 
@@ -207,9 +209,11 @@ class Trainer:
             prof = CostProfile.load(path)
         except ValueError as e:
             raise ConfigError(f"pipeline.profile={path}: {e}") from None
-        if prof.stages != p.stages:
-            raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}: "
-                              f"use a profile measured for {p.stages} stages")
+        n = build.virtual_stages(self.cfg)
+        if prof.stages != n:
+            chunks = f" x schedule.chunks={self.cfg.schedule.chunks}" if n != p.stages else ""
+            raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}"
+                              f"{chunks}: use a profile measured for {n} stages")
         wrong = build.profile_mismatch(prof.meta, build.profile_meta(self.cfg, self.micro))
         if wrong:
             raise ConfigError(f"pipeline.profile={path} was measured for another run ({wrong}): "

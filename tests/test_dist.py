@@ -53,6 +53,9 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     assert ds["final_val_loss"] == ls["final_val_loss"] and ds["time_s"] > 0
     assert [m["stage"] for m in ds["memory"]] == list(range(stages))
     assert "runtime=dist backend=gloo clock=wall" in (tmp_path / "dist" / "run.log").read_text()
+    # the cost profile measured by the workers, each its own stage where it runs
+    prof = json.loads((tmp_path / "dist" / "profile.json").read_text())
+    assert prof["meta"]["devices"] == ["cpu"] * stages and all(f > 0 for f in prof["forward"])
     assert (tmp_path / "dist" / "curves.png").stat().st_size > 0
 
 

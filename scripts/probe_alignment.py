@@ -16,8 +16,9 @@ every k steps (one extra forward and backward) could replace probes.
 
     python scripts/probe_alignment.py [--steps 600] [--delays 1 3 7] [--every 25]
 
-gpt-micro on tinyshakespeare, AdamW (lr 1e-3, betas 0.9/0.95, warm-up 20 steps, constant), batches
-of 4 sequences of 64 tokens, one thread. Prints a Markdown table.
+gpt-micro on tinyshakespeare, AdamW (lr 1e-3, betas 0.9/0.95, warm-up 20 steps, constant, the
+applied gradient clipped to global norm 1.0 as the runs do), batches of 4 sequences of 64 tokens,
+one thread, no mitigation (no weight prediction). Prints a Markdown table.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def run(cfg, data, val, delay: int, steps: int, every: int) -> dict:
             pre = [1.0 / (opt.state[p]["exp_avg_sq"].sqrt() + 1e-8) for p in params]
             rhos.append((t, dot(g_h, g_s, pre) / dot(g_h, g_f, pre), dot(g_h, g_s) / dot(g_h, g_f)))
         for p, g in zip(params, g_s):
-            p.grad = g
+            p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)  # the runs' optim.grad_clip (global norm 1.0)
         opt.step()
         sched.step()
     return {"curve": curve, "rho": rhos}

@@ -46,14 +46,22 @@ def heuristic(name, switch_time=0.0, **overrides):
     return build_heuristic(cfg, ctx)
 
 
-def drive(h, env: Env, steps: int) -> tuple[list[str], list[str]]:
-    """The training loop's protocol: phases decided LAG steps ahead. Returns the phases run and
-    the heuristic's current phase after each decision (what it settled on, probes aside)."""
+def decisions(h, env: Env, steps: int):
+    """The training loop's protocol: phases decided LAG steps ahead. Yields (the phases decided so
+    far, the decision made after observing each step)."""
     phases = [h.decide(u).phase for u in range(LAG)]
-    settled = []
     for t in range(steps):
         h.observe(env.run(phases[t]))
-        phases.append(h.decide(t + LAG).phase)
+        d = h.decide(t + LAG)
+        phases.append(d.phase)
+        yield phases, d
+
+
+def drive(h, env: Env, steps: int) -> tuple[list[str], list[str]]:
+    """Returns the phases run and the heuristic's current phase after each decision (what it
+    settled on, probes aside)."""
+    phases, settled = [], []
+    for phases, _ in decisions(h, env, steps):
         settled.append(h.current)
     return phases[:steps], settled
 
@@ -139,15 +147,7 @@ def test_rate_respects_the_cost_of_switching():
 
 def test_switch_decisions_carry_their_estimates():
     h = heuristic("goodput")
-    env = Env(**ASYNC_WINS)
-    phases = [h.decide(u).phase for u in range(LAG)]
-    reasons = []
-    for t in range(120):
-        h.observe(env.run(phases[t]))
-        d = h.decide(t + LAG)
-        phases.append(d.phase)
-        if d.info:
-            reasons.append(d)
+    reasons = [d for _, d in decisions(h, Env(**ASYNC_WINS), 120) if d.info]
     assert reasons and {"E", "R", "goodput"} <= reasons[0].info.keys()
     assert reasons[0].info["R"] == pytest.approx(2.0)
     assert reasons[0].info["E"] == pytest.approx(0.8, rel=0.2)
@@ -302,15 +302,8 @@ def test_rate_and_goodput_disagree_when_async_efficiency_drops_at_once():
     for name in ("rate", "goodput"):
         h = heuristic(name, start="async", backoff=1)
         env = Drop(gain={"sync": 1.0, "async": 0.9}, time={"sync": 1.0, "async": 0.5}, noise=0.002)
-        phases = [h.decide(u).phase for u in range(LAG)]
-        verdicts = []
-        for t in range(900):
-            h.observe(env.run(phases[t]))
-            d = h.decide(t + LAG)
-            phases.append(d.phase)
-            if d.info and env.progress > 300 + h.cfg.window:  # a verdict from a window after the drop
-                verdicts.append(h.current)
-        kept[name] = verdicts[0]
+        # the first verdict from a window after the drop
+        kept[name] = next(h.current for _, d in decisions(h, env, 900) if d.info and env.progress > 300 + h.cfg.window)
     assert kept == {"rate": "sync", "goodput": "async"}
 
 

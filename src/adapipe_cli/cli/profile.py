@@ -51,7 +51,7 @@ def profile_command(args: list[str]) -> int:
         return 0
     overrides, out = _split_out(args)
     cfg = compose_or_fail(overrides)
-    micro = cfg.train.batch_size // cfg.pipeline.microbatches
+    micro = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.replicas)  # (a replica's microbatch)
     path = Path(out or Path("outputs") / "profiles" / f"{cfg.model.name}_p{cfg.pipeline.stages}_mb{micro}.json")
     if path.is_dir():
         fail(f"--out {path} is a directory: name the file, e.g. --out {path / 'profile.json'}")

@@ -31,6 +31,8 @@ class Setup:
     profile: object  # CostProfile
     link: object  # LinkModel
     source: str  # where the costs come from
+    allreduce: object = None  # AllReduceModel of pipeline.replicas
+    grad_bytes: list | None = None  # per stage, the bytes all-reduced (None: the profile's)
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -65,7 +67,7 @@ def phases(cfg, steps: int) -> list[str]:
 def prepare(cfg) -> Setup:
     """The spec, plan, costs and link of a simulation, or a one-line error (exit 2)."""
     from ..schedules import Plan, ScheduleError
-    from ..simulator.clock import CostProfile, LinkModel
+    from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
     from ..train.build import schedule_choice
 
     p, s = cfg.pipeline, cfg.schedule
@@ -76,7 +78,10 @@ def prepare(cfg) -> Setup:
     if s.name == "adapipe":
         _need(s.sync in ADAPIPE_SYNC, f"unknown schedule.sync={s.sync!r}: use {', '.join(ADAPIPE_SYNC)}")
         _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use {' or '.join(ASYNC_SCHEDULES)}")
-    for key in ("forward", "backward", "update", "act_bytes"):
+    _need(p.replicas >= 1, f"pipeline.replicas must be at least 1 (got {p.replicas})")
+    _need(p.dp_latency_s >= 0 and p.dp_bandwidth >= 0,
+          "pipeline.dp_latency_s and pipeline.dp_bandwidth must be >= 0 (bandwidth 0 means infinite)")
+    for key in ("forward", "backward", "update", "act_bytes", "grad_bytes"):
         _need(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
     _need(p.link_latency_s >= 0 and p.link_bandwidth >= 0,
           "pipeline.link_latency_s and pipeline.link_bandwidth must be >= 0 (bandwidth 0 means infinite)")
@@ -96,7 +101,9 @@ def prepare(cfg) -> Setup:
         profile = CostProfile.uniform(n, cfg["forward"] / v, cfg["backward"] / v, cfg["update"] / v, cfg["act_bytes"])
         source = "uniform"
     steps = cfg.steps
-    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel(p.link_latency_s, p.link_bandwidth), source)
+    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel(p.link_latency_s, p.link_bandwidth), source,
+                 AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s),
+                 [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None)
 
 
 def _load_profile(path: str):
@@ -176,6 +183,9 @@ def summary_text(name: str, setup: Setup, res) -> str:
         f"utilization      {util:.4f} (mean over stages, whole run)",
         f"makespan         {res.makespan:.6g} s",
     ]
+    if res.replicas > 1:
+        lines.append(f"all-reduce       {max(res.allreduce_s):.6g} s per update at the slowest stage "
+                     f"({res.replicas} replicas, ring; counted in the bubble)")
     if spec.sync == "zbh2" and "sync" in phases_used:
         lines.append("note: zbh2's updates " + ("wait for every stage (clipping by the global norm or tied embeddings): "
                                                 "optim.grad_clip=0 with untied embeddings lets its steps overlap"
@@ -206,7 +216,8 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     spec, name = setup.spec, cfg.schedule.name
     actions = setup.plan.max_steps * spec.virtual_stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
-    res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation))
+    res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation),
+                   allreduce=setup.allreduce, grad_bytes=setup.grad_bytes)
     run_dir.mkdir(parents=True, exist_ok=True)
     written = ["simulation.json"]
     if record:

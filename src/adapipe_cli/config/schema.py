@@ -64,6 +64,11 @@ class PipelineConfig:
     partition: str = "flops"  # flops | params | uniform
     link_latency_s: float = 0.0
     link_bandwidth: float = 0.0  # bytes per second; 0 means infinite
+    # data parallel x pipeline: R replicas of the pipeline share each step's batch; each stage
+    # all-reduces its gradient with its R-1 copies at its update (ring: see simulator/clock.py)
+    replicas: int = 1
+    dp_bandwidth: float = 0.0  # bytes per second of each replica's link in the ring; 0 means infinite
+    dp_latency_s: float = 0.0  # seconds per message of the ring
     timeout_s: float = 300.0
     # torch threads per process (0: torch's default). 1: the profiled clock times each action on one
     # core, as a device of its own would run it; with several threads on a shared machine the
@@ -225,6 +230,9 @@ class SimulateConfig(Config):
     backward: float = 2.0
     update: float = 0.0
     act_bytes: float = 0.0  # bytes of one microbatch's activation between stages (link model)
+    # bytes of each stage's gradient, all-reduced across pipeline.replicas (0: the profile's
+    # parameter bytes where pipeline.profile gives them)
+    grad_bytes: float = 0.0
 
 
 def register_simulate_config() -> None:

@@ -5,12 +5,20 @@ activations; stages talk only through a :class:`LocalTransport`. :meth:`LocalRun
 runs every stage exactly up to its update of step ``t`` (in any dependency-respecting order), so
 that afterwards every stage holds version ``t + 1`` and the model can be evaluated as is. The
 pipeline clock times each action from its cost (profiled or measured).
+
+With ``replicas`` (data parallel x pipeline, :mod:`.replicas`) it emulates R x p devices: R
+pipelines, each with its own transport, stages, optimizers and share of every step's batch, walked
+together; stage s of every replica all-reduces its gradient with its copies through one more
+transport. The replicas stay bitwise identical, so evaluation and memory are replica 0's, and the
+clock follows replica 0 (every replica runs the same lists at the same costs under a profile).
 """
 
 from __future__ import annotations
 
+import copy
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -18,18 +26,37 @@ import torch
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..schedules.interleaved import DevicePicks
-from ..simulator.clock import CostProfile, LinkModel, PipelineClock
+from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, PipelineClock, allreduce_times
 from .. import checkpoint
 from .base import StepResult, global_norm, stage_lrs
 from .device import synchronize
 from .errors import TrainingDiverged
+from .replicas import ReplicaGroup
 from .stage import StageExecutor
 from .transport import LocalTransport
 from .walk import walk
 
 
+# what replica r > 0 does not save: the same as replica 0's (the replicas stay bitwise identical)
+SHARED_STATE = ("params", "optimizer", "copies", "predicted", "policy")
+
+
+@dataclass
+class Replica:
+    """One more replica of the pipeline: its own stage modules and optimizers (the same initial
+    weights as replica 0's), update policy (:meth:`UpdatePolicy.replica`) and batch function (its
+    share of each step, :func:`.replicas.replica_batch`)."""
+
+    stages: list
+    optimizers: list
+    policy: object
+    batch: object
+
+
 class LocalRuntime:
-    """Every stage in this process (:class:`.base.Runtime`)."""
+    """Every stage in this process (:class:`.base.Runtime`); ``replicas``: the pipeline's other
+    replicas (replica 0 is made of ``stages``, ``optimizers``, ``policy`` and ``batch``), and
+    ``allreduce`` the cost model of their all-reduce on the clock."""
 
     name = "local"
 
@@ -51,26 +78,42 @@ class LocalRuntime:
         val_batches=None,
         precision: str = "fp32",
         device: torch.device | None = None,
+        replicas: list[Replica] | None = None,
+        allreduce: AllReduceModel | None = None,
     ):
         # p: stages (virtual stages with interleaving), each its own executor; devices: what the clock times
         self.p, self.m, self.devices = spec.virtual_stages, spec.microbatches, spec.stages
         self.plan, self.spec = plan, spec
-        self.picks = DevicePicks(spec)
-        self.transport = LocalTransport()
-        self.programs = [StageProgram(s, spec, plan) for s in range(self.p)]
-        self.executors = [
-            StageExecutor(s, self.p, self.m, stages[s], optimizers[s], self.transport, batch, policy,
-                          self.programs[s], grad_clip=grad_clip, seed=seed, tied=tied,
-                          nbytes=profile.stage_bytes(s) if profile else None, precision=precision)
-            for s in range(self.p)
+        parts = [Replica(stages, optimizers, policy, batch), *(replicas or [])]
+        self.R = len(parts)
+        self.replica_picks = [DevicePicks(spec) for _ in parts]
+        self.picks = self.replica_picks[0]
+        self.dp = LocalTransport()  # the all-reduces of the stages' copies across replicas
+        self.transports = [LocalTransport() for _ in parts]
+        self.replica_programs = [[StageProgram(s, spec, plan) for s in range(self.p)] for _ in parts]
+        self.replica_executors = [
+            [StageExecutor(s, self.p, self.m, r.stages[s], r.optimizers[s], self.transports[i], r.batch, r.policy,
+                           self.replica_programs[i][s], grad_clip=grad_clip,
+                           seed=seed + i * 1_000_033,  # (replicas draw their own dropout masks)
+                           tied=tied, nbytes=profile.stage_bytes(s) if profile else None, precision=precision,
+                           dp=ReplicaGroup(s, i, self.R, self.dp))
+             for s in range(self.p)]
+            for i, r in enumerate(parts)
         ]
+        self.transport, self.programs, self.executors = self.transports[0], self.replica_programs[0], self.replica_executors[0]
+        self._flat_programs = [prog for progs in self.replica_programs for prog in progs]
+        self._flat = [ex for exs in self.replica_executors for ex in exs]  # walk index i = replica * p + stage
         self.profile = profile  # None: each action's measured duration is its cost
         self.device = device or torch.device("cpu")  # every stage's; tensors pass between stages as they are
+        # the all-reduce before each update, of the stage's gradient bytes (a parameter set's)
+        grad_bytes = [float(sum(q.numel() * q.element_size() for q in ex.params)) for ex in self.executors]
+        ar = allreduce_times(allreduce, grad_bytes) if self.R > 1 else None
         self.clock = PipelineClock(self.devices, link, profile.act_bytes if profile else 0.0, spec.barrier,
-                                   stage_device=[spec.device_of(s) for s in range(self.p)])
-        self.updated = [-1] * self.p  # last step each stage has updated
+                                   stage_device=[spec.device_of(s) for s in range(self.p)], allreduce=ar)
+        self.updated = [-1] * (self.R * self.p)  # last step each stage (of each replica) has updated
         self.arrived: set[tuple[int, int]] = set()
-        self.order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))
+        stage_order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))
+        self.order = [r * self.p + s for r in range(self.R) for s in stage_order]
         self.lifo = order == "reverse"
         self.last_time = 0.0
         self.last_busy = 0.0
@@ -103,41 +146,52 @@ class LocalRuntime:
         pass
 
     # -- the walk ------------------------------------------------------------------------------
-    def _ready(self, s: int, a: Action) -> bool:
-        if not self.picks.next_is(s):
+    def _ready(self, i: int, a: Action) -> bool:
+        r, s = divmod(i, self.p)
+        picks = self.replica_picks[r]
+        if not picks.next_is(s):
             return False
-        if a.kind == UPDATE and a.phase == SYNC and (s, a.step) not in self.arrived:
-            self.arrived.add((s, a.step))
-            self.clock.arrive(s, a.step)
-            for c in self.picks.updates_after(s):  # the device's other chunks post their shares too
-                self.executors[c].ready(a)
-        return self.executors[s].ready(a)
+        if a.kind == UPDATE and a.phase == SYNC and (i, a.step) not in self.arrived:
+            self.arrived.add((i, a.step))
+            if r == 0:
+                self.clock.arrive(s, a.step)
+            for c in picks.updates_after(s):  # the device's other chunks post their shares too
+                self._flat[r * self.p + c].ready(a)
+        return self._flat[i].ready(a)
 
-    def _execute(self, s: int, a: Action) -> list[int]:
+    def _execute(self, i: int, a: Action) -> list[int]:
+        r, s = divmod(i, self.p)
         measured = self.profile is None
         if measured:
             synchronize(self.device)  # (CUDA runs kernels asynchronously: time the action's own)
         t0 = time.perf_counter()
-        work = self.executors[s].run(a)
+        work = self._flat[i].run(a)
         if measured:
             synchronize(self.device)
-        cost = time.perf_counter() - t0 if measured else self.profile.cost(s, a.kind, work)
-        self.clock.run(s, a, cost)
-        woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)
+        if r == 0:  # (the clock follows replica 0)
+            cost = time.perf_counter() - t0 if measured else self.profile.cost(s, a.kind, work)
+            self.clock.run(s, a, cost)
+        base = r * self.p
+        woken = [base + c for c in self.replica_picks[r].advance(s)]  # the device's next virtual stage (none without interleaving)
         if a.kind == UPDATE:
-            self.updated[s] = a.step
-            self.arrived.discard((s, a.step))
-            return list(range(self.p)) if a.phase == SYNC else woken
+            self.updated[i] = a.step
+            self.arrived.discard((i, a.step))
+            return list(range(base, base + self.p)) if a.phase == SYNC else woken
         if a.kind in (FORWARD, EVAL):
-            return woken + ([s + 1] if s + 1 < self.p else [])
+            return woken + ([i + 1] if s + 1 < self.p else [])
         if a.kind in (BACKWARD, INPUT):
-            return woken + ([s - 1] if s > 0 else [])
+            return woken + ([i - 1] if s > 0 else [])
         return woken
 
     def run_step(self, t: int) -> StepResult:
-        """Run every stage up to and including its update of step ``t``."""
-        walk(self.programs, self.order, lambda s: self.updated[s] >= t, self._ready, self._execute, self.lifo)
+        """Run every stage (of every replica) up to and including its update of step ``t``. The
+        step's loss is the mean over the replicas' shares of the batch."""
+        walk(self._flat_programs, self.order, lambda i: self.updated[i] >= t, self._ready, self._execute, self.lifo)
         stats = [ex.take_stats(t) for ex in self.executors]
+        lasts = [stats[-1]] + [exs[-1].take_stats(t) for exs in self.replica_executors[1:]]
+        for exs in self.replica_executors[1:]:
+            for ex in exs[:-1]:
+                ex.take_stats(t)
         delays = [d for st in stats for d in st.delays]
         now = self.clock.update_end.pop(t)
         busy = sum(self.clock.busy)
@@ -145,12 +199,13 @@ class LocalRuntime:
         bubble = 1.0 - (busy - self.last_busy) / (self.devices * span) if span > 0 else 0.0
         self.last_time, self.last_busy = now, busy
         last = stats[-1]
+        replica_losses = [sum(st.losses) / max(1, len(st.losses)) for st in lasts]
         if self.eval_at(t):
             self._evals.append((t + 1, self.evaluate(self.val)))
         return StepResult(
             step=t,
             phase=self.plan.phases[t],
-            loss=sum(last.losses) / max(1, len(last.losses)),
+            loss=sum(replica_losses) / len(replica_losses),
             time_s=now,
             staleness_mean=sum(delays) / max(1, len(delays)),
             staleness_max=max(delays, default=0),
@@ -178,28 +233,56 @@ class LocalRuntime:
     # -- state ---------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The whole pipeline at the current step boundary: every stage's state, the messages in
-        transit between stages, and the clock."""
-        if self.transport.reductions:
+        transit between stages, and the clock. Replicas r > 0 add what is their own (in-flight
+        inputs, unfinished gradients, messages), not a second copy of the weights."""
+        if self.dp.reductions or any(t.reductions for t in self.transports):
             raise RuntimeError("a collective is in progress: state can only be taken between steps")
-        return {
+        state = {
             "stages": [ex.state_dict() for ex in self.executors],
             "messages": {k: v.clone() for k, v in self.transport.box.items()},
             "clock": self.clock.state_dict(),
-            "updated": list(self.updated), "last_time": self.last_time, "last_busy": self.last_busy,
+            "updated": self.updated[:self.p], "last_time": self.last_time, "last_busy": self.last_busy,
         }
+        if self.R > 1:
+            state["replicas"] = [self._replica_state(r, state["stages"]) for r in range(1, self.R)]
+        return state
+
+    def _replica_state(self, r: int, first: list[dict]) -> dict:
+        stages = []
+        for ex, st0 in zip(self.replica_executors[r], first):
+            st = ex.state_dict()
+            if not all(torch.equal(a, b) for a, b in zip(st["params"], st0["params"])):
+                raise RuntimeError(f"replica {r} of stage {ex.s} has other weights than replica 0's")
+            stages.append({k: v for k, v in st.items() if k not in SHARED_STATE})
+        return {"stages": stages, "messages": {k: v.clone() for k, v in self.transports[r].box.items()},
+                "updated": self.updated[r * self.p:(r + 1) * self.p]}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a state taken by :meth:`state_dict`; the plan must already hold the phases that
         were decided when it was taken (the programs are regenerated from it)."""
-        self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
-        self.picks = DevicePicks(self.spec)  # (a step boundary: every device at the start of its order)
-        for ex, prog, st in zip(self.executors, self.programs, state["stages"]):
-            ex.load_state_dict(st, prog)
-        self.transport.box = {tuple(k): v.to(self.device).clone() for k, v in state["messages"].items()}
-        self.transport.reductions.clear()
-        self.transport.taken.clear()
+        others = state.get("replicas", [])
+        if len(others) != self.R - 1:
+            raise ValueError(f"a state of {len(others) + 1} replicas does not fit pipeline.replicas={self.R}")
+        first = {"stages": state["stages"], "messages": state["messages"], "updated": state["updated"]}
+        self.updated = []
+        for r, rep in enumerate([first, *others]):
+            self.replica_programs[r] = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
+            for ex, prog, st, st0 in zip(self.replica_executors[r], self.replica_programs[r], rep["stages"], state["stages"]):
+                shared = {k: st0[k] for k in SHARED_STATE}
+                # (an optimizer keeps the tensors it loads: each replica needs its own)
+                ex.load_state_dict({**(copy.deepcopy(shared) if r else shared), **st}, prog)
+            t = self.transports[r]
+            t.box = {tuple(k): v.to(self.device).clone() for k, v in rep["messages"].items()}
+            t.reductions.clear()
+            t.taken.clear()
+            self.updated += list(rep["updated"])
+        self.replica_picks = [DevicePicks(self.spec) for _ in range(self.R)]  # (a step boundary: every device at its order's start)
+        self.picks = self.replica_picks[0]
+        self.dp.reductions.clear()
+        self.dp.taken.clear()
+        self.programs = self.replica_programs[0]
+        self._flat_programs = [prog for progs in self.replica_programs for prog in progs]
         self.clock.load_state_dict(state["clock"])
-        self.updated = list(state["updated"])
         self.last_time, self.last_busy = state["last_time"], state["last_busy"]
         self.arrived = set()
         self._evals = []

@@ -42,6 +42,7 @@ from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEI
 from ..schedules.ledger import LIVE, Ledger, StageBytes
 from ..optim import StageOptimizer
 from .device import autocast
+from .replicas import ReplicaGroup
 from .transport import Transport
 
 
@@ -108,8 +109,11 @@ class StageExecutor:
         tied: bool = False,
         nbytes: StageBytes | None = None,
         precision: str = "fp32",
+        dp: ReplicaGroup | None = None,
     ) -> None:
         self.s, self.p, self.m = index, stages, microbatches
+        self.dp = dp if dp is not None and dp.count > 1 else None  # the stage's copies in other replicas
+        self._dp_pending: Action | None = None  # the backward that completed a step's gradient, before its all-reduce
         self.first, self.last = index == 0, index == stages - 1
         self.module, self.opt, self.transport = module, optimizer, transport
         self.batch, self.policy, self.program = batch, policy, program
@@ -162,10 +166,14 @@ class StageExecutor:
         """Whether ``a``'s inputs have arrived. A synchronous update first posts this stage's
         share of the collective (squared gradient norm, tied gradient) and waits for the rest."""
         t = self.transport
+        if self._dp_pending is not None and not self._all_reduce():
+            return False
         if a.kind == FORWARD:
             return self.first or t.ready("act", self.s - 1, self.s, a.mb)
         if a.kind in (BACKWARD, INPUT):
-            return self.last or t.ready("grad", self.s + 1, self.s, a.mb)
+            # (with replicas the table of norms may follow the gradient: see _all_reduce)
+            return self.last or (t.ready("grad", self.s + 1, self.s, a.mb)
+                                 and (not self._gossips(a) or t.ready("gradn", self.s + 1, self.s, a.mb)))
         if a.kind == EVAL:
             return self.first or t.ready("eval", self.s - 1, self.s, (a.version, 0))
         if a.kind == UPDATE and a.phase == SYNC and self.program.spec.barrier:
@@ -359,12 +367,37 @@ class StageExecutor:
         n = self.backwards[a.step] = self.backwards.get(a.step, 0) + 1
         if n == self.m:  # the step's gradient is complete here
             del self.backwards[a.step]
-            if a.phase == ASYNC:
-                sq = float(self._sq_norm(acc))
-                self.known[self.s] = (a.step, sq)
-                self.stats.setdefault(a.step, StepStats()).grad_sq = sq
+            if self.dp is not None:  # the rest waits for the other replicas' gradients
+                self.dp.transport.post_reduce(self.dp.key(a.step), self.dp.index, self.dp.members, acc)
+                self._dp_pending = a
+                self._all_reduce()  # the last replica to arrive (or a blocking transport) goes on at once
+                return
+            self._gradient_complete(a)
         if not self.first and a.kind == BACKWARD:
             self._tell("gradn", self.s - 1, a)
+
+    def _gradient_complete(self, a: Action) -> None:
+        """The step's gradient is whole (and averaged over the replicas): its norm enters the async
+        stream's table."""
+        if a.phase == ASYNC:
+            sq = float(self._sq_norm(self.grads[a.step]))
+            self.known[self.s] = (a.step, sq)
+            self.stats.setdefault(a.step, StepStats()).grad_sq = sq
+
+    def _all_reduce(self) -> bool:
+        """``g <- (1/R) sum_r g_r`` of the pending step over the stage's R copies; False while other
+        replicas' shares are missing (the local runtime polls). Then the step's gradient is
+        complete, and the backward's table of norms goes upstream with the mean's norm in it."""
+        a, g = self._dp_pending, self.dp
+        if not g.transport.reduce_ready(g.key(a.step), g.members):
+            return False
+        summed = g.transport.reduce(g.key(a.step), g.index, g.members, self.grads[a.step])
+        self.grads[a.step] = [x.div_(g.count) for x in summed]  # (new tensors: the posted ones stay as others read them)
+        self._dp_pending = None
+        self._gradient_complete(a)
+        if not self.first and a.kind == BACKWARD:
+            self._tell("gradn", self.s - 1, a)
+        return True
 
     # -- a backward split in two (zero-bubble schedules; sync only) ---------------------------
     def input_grad(self, a: Action) -> None:
@@ -492,6 +525,8 @@ class StageExecutor:
         (their inputs; the graphs are rebuilt by recomputing the forward, which gives identical
         values), unfinished steps' gradients and statistics, the table of known gradient norms,
         the ledger, the mitigations' state and the program's position."""
+        if self._dp_pending is not None:
+            raise RuntimeError("an all-reduce across replicas is in progress: state can only be taken between steps")
         clone = lambda ts: [t.detach().clone() for t in ts]  # noqa: E731
         return {
             "stage": self.s, "program": self.program.popped,
@@ -529,7 +564,7 @@ class StageExecutor:
         self.stats = {int(t): StepStats(**st) for t, st in state["stats"].items()}
         self.eval_losses = dict(state["eval_losses"])
         self.ledger.load_state_dict(state["ledger"])
-        self._posted, self._norms = set(), {}
+        self._posted, self._norms, self._dp_pending = set(), {}, None
         self.policy.load_stage_state(self.s, state["policy"])
         self.program = program
         program.skip(state["program"])

@@ -52,6 +52,11 @@ class UpdatePolicy:
         self.velocity: dict[int, list[torch.Tensor]] = {}  # stage -> update velocity (predict)
         self.previous_step: dict[int, list[torch.Tensor]] = {}  # stage -> W_t - W_{t-1} (nesterov)
 
+    def replica(self) -> "UpdatePolicy":
+        """A policy for another replica of the pipeline: the same plan and decisions, its own
+        mitigation state (each replica's stages update their own velocities)."""
+        return UpdatePolicy(self.o, self.c, self.plan, self.total)
+
     # -- learning rate -----------------------------------------------------------------------
     def base_scale(self, step: int) -> float:
         return lr_factor(step, self.o.warmup_steps, self.total, self.o.min_lr_ratio, self.o.decay)

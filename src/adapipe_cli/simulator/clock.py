@@ -5,7 +5,10 @@ An action starts when its stage is free and its input has arrived, and lasts its
 - ``F(j)`` at stage s > 0 waits for ``F(j)`` at s-1 plus the link time of one activation;
 - ``B(j)`` at stage s < p-1 waits for ``B(j)`` at s+1 plus the link time of one gradient;
 - a synchronous ``U(t)`` is a collective (global gradient norm): it starts when every stage has
-  arrived at it (without the barrier, ZB-H2's, when its stage is free).
+  arrived at it (without the barrier, ZB-H2's, when its stage is free);
+- with R replicas of the pipeline, every ``U(t)`` at stage s is preceded by the all-reduce of the
+  stage's gradient with its R-1 copies (:class:`AllReduceModel`), which keeps the stage busy
+  communicating (drawn as ``A``; not counted as compute in ``busy``).
 
 The local runtime feeds this clock with measured (or profiled) costs, so its ``time_s`` is the
 time a pipeline of p devices, each as fast as this machine's core, would have taken. The simulator
@@ -24,6 +27,7 @@ from pathlib import Path
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action
 
 
+ALLREDUCE = "A"  # a stage's gradient all-reduce across replicas, before its update (not a schedule action)
 EXTRA_WORK = ("copy", "predict")  # work an action may do besides its own kind (see schedules/ledger.py)
 
 
@@ -123,16 +127,44 @@ class LinkModel:
         return self.latency + (nbytes / self.bandwidth if self.bandwidth > 0 else 0.0)
 
 
+@dataclass
+class AllReduceModel:
+    """Ring all-reduce of ``n`` gradient bytes among the same stage of ``replicas`` pipelines:
+    ``2 (R-1)/R * n / bandwidth + 2 (R-1) * latency`` (reduce-scatter then all-gather, R-1 messages
+    of n/R bytes each; bandwidth 0 means infinite). One replica costs 0."""
+
+    replicas: int = 1
+    bandwidth: float = 0.0  # bytes per second (pipeline.dp_bandwidth)
+    latency: float = 0.0  # seconds per message (pipeline.dp_latency_s)
+
+    def time(self, nbytes: float) -> float:
+        r = self.replicas
+        if r <= 1:
+            return 0.0
+        volume = 2 * (r - 1) / r * nbytes
+        return (volume / self.bandwidth if self.bandwidth > 0 else 0.0) + 2 * (r - 1) * self.latency
+
+
+def allreduce_times(model: AllReduceModel | None, grad_bytes: list[float]) -> list[float] | None:
+    """Per stage, seconds of its all-reduce (None: no replicas)."""
+    if model is None or model.replicas <= 1:
+        return None
+    return [model.time(b) for b in grad_bytes]
+
+
 class PipelineClock:
-    """Start and end time of every action, from its cost and its dependencies."""
+    """Start and end time of every action, from its cost and its dependencies; ``allreduce``: per
+    stage, the seconds of the all-reduce before each of its updates (None: one replica)."""
 
     def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0, barrier: bool = True,
-                 stage_device: list[int] | None = None):
+                 stage_device: list[int] | None = None, allreduce: list[float] | None = None):
         # stage_device: the device of each (virtual) stage, when a device holds several (interleaved);
         # ``free`` and ``busy`` are per device, and the stage indices of actions are virtual
         self.device = stage_device or list(range(stages))
         self.p = len(self.device)
         self.barrier = barrier  # a sync update starts when every stage has reached it (ScheduleSpec.barrier)
+        self.allreduce = list(allreduce) if allreduce else [0.0] * self.p  # per (virtual) stage
+        self.last_allreduce: tuple[float, float] | None = None  # (start, end) of the last update's all-reduce
         self.link_time = (link or LinkModel()).time(act_bytes)
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
@@ -143,13 +175,18 @@ class PipelineClock:
         self.update_end: dict[int, float] = {}  # step -> end of its last stage's update
 
     def arrive(self, stage: int, step: int) -> None:
-        """Stage ``stage`` has reached the synchronous update of ``step`` (now idle until all have)."""
-        self._arrivals.setdefault(step, []).append(self.free[self.device[stage]])
+        """Stage ``stage`` has reached the synchronous update of ``step`` (now idle until all have,
+        after its all-reduce across replicas)."""
+        self._arrivals.setdefault(step, []).append(self.free[self.device[stage]] + self.allreduce[stage])
 
     def run(self, stage: int, a: Action, cost: float) -> tuple[float, float]:
         """Place action ``a`` of ``stage`` lasting ``cost`` seconds; returns (start, end)."""
         dev = self.device[stage]
         start = self.free[dev]
+        if a.kind == UPDATE:
+            ar = self.allreduce[stage]
+            self.last_allreduce = (start, start + ar) if ar > 0 else None
+            start += ar
         if a.kind == FORWARD and stage > 0:
             start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
         elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:

@@ -16,15 +16,16 @@ from ..runtime.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..schedules.interleaved import DevicePicks
 from ..schedules.ledger import Ledger
-from .clock import CostProfile, LinkModel, PipelineClock
+from .clock import ALLREDUCE, CostProfile, LinkModel, PipelineClock
 
 
 class Replay:
     """Every stage's program of ``plan`` under ``spec``, timed from ``profile``; ``record`` keeps
-    the timeline (stage, kind, mb, step, start, end) of every action but evaluations."""
+    the timeline (stage, kind, mb, step, start, end) of every action but evaluations (and of the
+    all-reduce before each update, ``allreduce`` seconds per stage, with replicas)."""
 
     def __init__(self, spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None,
-                 mitigations=(), record: bool = False):
+                 mitigations=(), record: bool = False, allreduce: list[float] | None = None):
         p = spec.virtual_stages  # (interleaved: every virtual stage's program, on its device's clock)
         if profile.stages != p:
             raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
@@ -34,7 +35,7 @@ class Replay:
         self.programs = [StageProgram(s, spec, plan) for s in range(p)]
         self.picks = DevicePicks(spec)
         self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
-                                   [spec.device_of(s) for s in range(p)])
+                                   [spec.device_of(s) for s in range(p)], allreduce=allreduce)
         self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
                                nbytes=profile.stage_bytes(s)) for s in range(p)]
         self.updated = [-1] * p  # last step each stage has updated
@@ -70,6 +71,8 @@ class Replay:
         if work:
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind)
         start, end = self.clock.run(s, a, cost)
+        if self.record and kind == UPDATE and self.clock.last_allreduce:
+            self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))
         if self.record and kind != EVAL:
             self.timeline.append((self.spec.device_of(s), kind, a.mb, a.step, start, end))
         woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)

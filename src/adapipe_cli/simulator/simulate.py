@@ -5,7 +5,9 @@ peaks of the buffer ledger the stage executor also uses (:mod:`..schedules.ledge
 activations (microbatches in flight), weight versions, parameter sets (live, stashed, shadow and
 predicted) and gradient accumulators, and bytes when the profile gives the sizes. Each action
 costs its kind's time plus the extra work the ledger says it did (weight copies, predictions,
-recomputed forwards), exactly as the local runtime's clock charges it.
+recomputed forwards), exactly as the local runtime's clock charges it. With replicas of the
+pipeline (``allreduce``), each update waits for its stage's gradient all-reduce, drawn as ``A``
+boxes; that time is not compute, so it counts in the bubble.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..schedules import SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.program import SPLIT_SCHEDULES
-from .clock import CostProfile, LinkModel
+from .clock import AllReduceModel, CostProfile, LinkModel, allreduce_times
 from .replay import Replay
 
 
@@ -34,6 +36,8 @@ class SimResult:
     memory: list[dict] = field(default_factory=list)  # per stage: the ledger's peaks (see Ledger.report)
     timeline: list[tuple[int, str, int, int, float, float]] = field(default_factory=list)  # stage, kind, mb, step, start, end
     steady: bool = True  # False: too few steps for a steady state, step_time is the whole run's mean
+    replicas: int = 1
+    allreduce_s: list[float] = field(default_factory=list)  # per stage: seconds of each update's all-reduce
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "timeline"}
@@ -47,11 +51,15 @@ class SimResult:
 
 
 def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None, record: bool = True,
-             mitigations: tuple[str, ...] | list[str] = ()) -> SimResult:
+             mitigations: tuple[str, ...] | list[str] = (), allreduce: AllReduceModel | None = None,
+             grad_bytes: list[float] | None = None) -> SimResult:
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
-    (``schedule.mitigation``) change the buffers held and the work done."""
+    (``schedule.mitigation``) change the buffers held and the work done; ``allreduce``: the
+    pipeline's replicas and their ring, over ``grad_bytes`` per (virtual) stage (None: the
+    profile's parameter bytes)."""
     p, devices = spec.virtual_stages, spec.stages  # (p: stages, virtual with interleaving, as in the local runtime)
-    rep = Replay(spec, plan, profile, link, mitigations, record=record)
+    ar = allreduce_times(allreduce, grad_bytes or [profile.stage_bytes(s).params for s in range(p)])
+    rep = Replay(spec, plan, profile, link, mitigations, record=record, allreduce=ar)
     rep.run_all()
     clock, ledgers, extra, timeline = rep.clock, rep.ledgers, rep.extra, rep.timeline
     n = len(clock.update_end)
@@ -83,6 +91,8 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         memory=[led.report() for led in ledgers],
         timeline=timeline,
         steady=all(ph == SYNC for ph in plan.phases[:n]) or n >= min_steady_steps(p, spec.microbatches),
+        replicas=allreduce.replicas if allreduce else 1,
+        allreduce_s=ar or [0.0] * p,
     )
 
 
@@ -112,7 +122,8 @@ def _steady_step_time(ends: list[float], skip: int) -> float:
 
 
 def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel | None = None,
-                      mitigations: tuple[str, ...] | list[str] = ()) -> tuple[float, float, float]:
+                      mitigations: tuple[str, ...] | list[str] = (),
+                      allreduce: AllReduceModel | None = None) -> tuple[float, float, float]:
     """(sync step time, async step time, cost of one switch) predicted for ``spec`` with
     ``profile``. The switch cost is half the extra time of a round trip async -> sync -> async
     (a drain and a fill) over what its steps cost in their steady states."""
@@ -120,7 +131,8 @@ def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel 
 
     k = 2 * (lookahead(spec.stages, spec.microbatches) + 2)
     n = 3 * k
-    sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations)  # noqa: E731
+    sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations,  # noqa: E731
+                                  allreduce=allreduce)
     sync = sim([SYNC] * n)
     if spec.chunks > 1:  # interleaved runs sync steps only
         return sync.step_time, sync.step_time, 0.0

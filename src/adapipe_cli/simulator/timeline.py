@@ -2,7 +2,8 @@
 
 Forward and backward boxes are coloured by microbatch (a qualitative palette of ten hues, so
 neighbouring microbatches differ): a forward in the light shade, its backward in the dark shade
-of the same hue. Updates are black boxes as wide as they take, a zero-cost action a thin line at
+of the same hue. Updates are black boxes as wide as they take, the all-reduce before an update
+(replicas of the pipeline) a grey box, a zero-cost action a thin line at
 its time (not a box of made-up width); idle time is left white. A label (``F3``, or just ``3``) is
 written inside a box when it fits at the picture's size, and left out when it does not. The
 picture is at most ``MAX_WIDTH_IN`` inches wide: a long run is drawn narrower, not wider.
@@ -27,6 +28,7 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT  # noqa: E402
+from .clock import ALLREDUCE  # noqa: E402
 
 WORK = (FORWARD, BACKWARD, INPUT, WEIGHT)  # drawn as labelled boxes (I like B, W hatched)
 
@@ -35,20 +37,23 @@ MAX_WIDTH_IN = 16  # inches at 100 dpi: a picture that fits a screen
 COLUMNS = 2400
 HUES = 10  # tab20 holds ten hues, each as a (dark, light) pair
 BLACK = (0.0, 0.0, 0.0, 1.0)
+GREY = (0.6, 0.6, 0.6, 1.0)  # the all-reduce across replicas
 ROW = 0.8  # box height, in rows
 
 Box = tuple  # (stage, kind, mb, step, start, end), as in SimResult.timeline
 
 
 def _palette() -> list[tuple[float, ...]]:
-    """tab20's colours, then black: index 2h is hue h dark, 2h + 1 the same hue light."""
-    return [to_rgba(c) for c in plt.get_cmap("tab20").colors] + [BLACK]
+    """tab20's colours, then black, then grey: index 2h is hue h dark, 2h + 1 the same hue light."""
+    return [to_rgba(c) for c in plt.get_cmap("tab20").colors] + [BLACK, GREY]
 
 
 def colour_index(kind: str, mb: int) -> int:
     """Palette index of an action: forward light, backward dark, update black."""
     if kind == UPDATE:
         return 2 * HUES
+    if kind == ALLREDUCE:
+        return 2 * HUES + 1
     return 2 * (mb % HUES) + (1 if kind == FORWARD else 0)
 
 
@@ -83,7 +88,8 @@ def _legend() -> list[Patch]:
     pal = _palette()
     return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B or I (dark)"),
             Patch(facecolor=pal[0], hatch="///", edgecolor="white", label="W (hatched)"),
-            Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor="white", edgecolor="grey", label="idle")]
+            Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor=GREY, label="A (all-reduce)"),
+            Patch(facecolor="white", edgecolor="grey", label="idle")]
 
 
 def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list, list]:
@@ -98,7 +104,7 @@ def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list, list]:
             instants.append([(start, y0), (start, y1)])
         elif kind == UPDATE:
             updates.append([(start, y0), (start, y1), (end, y1), (end, y0)])
-        elif kind in WORK:
+        elif kind in WORK or kind == ALLREDUCE:
             if kind == WEIGHT:
                 hatched.append(len(work))
             work.append([(start, y0), (start, y1), (end, y1), (end, y0)])
@@ -139,18 +145,19 @@ def _draw_raster(ax, boxes: Sequence[Box], stages: int, span: float, columns: in
     """Each stage's row as ``columns`` pixels: the colour of the action at the pixel's centre."""
     pal = np.array(_palette())
     stage, kind, mb, _step, start, end = (np.asarray(c) for c in zip(*boxes))
-    kind = np.select([kind == FORWARD, np.isin(kind, (BACKWARD, INPUT, WEIGHT)), kind == UPDATE], [0, 1, 2], 3)
+    kind = np.select([kind == FORWARD, np.isin(kind, (BACKWARD, INPUT, WEIGHT)), kind == UPDATE, kind == ALLREDUCE],
+                     [0, 1, 2, 3], 4)
     order = np.argsort(stage, kind="stable")  # by stage, each stage's actions in the order they ran
     bounds = np.searchsorted(stage[order], np.arange(stages + 1))
     img = np.ones((stages, columns, 4))
     centres = (np.arange(columns) + 0.5) * span / columns
     for s in range(stages):
         rows = order[bounds[s]:bounds[s + 1]]
-        rows = rows[kind[rows] < 3]
+        rows = rows[kind[rows] < 4]
         if not len(rows):
             continue
         kinds, mbs, starts, ends = kind[rows], mb[rows].astype(int), start[rows], end[rows]
-        idx = np.where(kinds == 2, 2 * HUES, 2 * (mbs % HUES) + (kinds == 0))
+        idx = np.where(kinds == 2, 2 * HUES, np.where(kinds == 3, 2 * HUES + 1, 2 * (mbs % HUES) + (kinds == 0)))
         at = np.searchsorted(starts, centres, side="right") - 1  # a stage's actions run in order
         hit = (at >= 0) & (centres < ends[np.maximum(at, 0)])
         img[s, hit] = pal[idx[at[hit]]]

@@ -33,7 +33,7 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
     except DeviceError as e:
         raise ConfigError(str(e)) from None
     stages, _ = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), device=device)
-    micro = cfg.train.batch_size // cfg.pipeline.microbatches
+    micro = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.replicas)  # (a replica's microbatch)
     x, y = build.Batches(data, micro, 1, device=device)(0, 0)
     profile = build.measure_stage_profile(cfg, stages, x, y)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,10 @@ from ..data import DataError, build_data
 from ..runtime.base import Runtime, RunSpec, StepResult
 from ..runtime.device import resolve_device
 from ..runtime.errors import TrainingDiverged
-from ..runtime.local import LocalRuntime
+from ..runtime.local import LocalRuntime, Replica
+from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
-from ..simulator.clock import CostProfile, LinkModel
+from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
 from .guard import DivergenceGuard
@@ -77,7 +78,8 @@ def runtime_kind(cfg) -> str:
     """``local`` or ``dist``: ``auto`` picks dist when there is a CUDA device for every stage."""
     if cfg.pipeline.runtime != "auto":
         return cfg.pipeline.runtime
-    if cfg.schedule.name == "interleaved":  # (the dist runtime holds one chunk per worker)
+    # (the dist runtime holds one chunk per worker, and one replica)
+    if cfg.schedule.name == "interleaved" or cfg.pipeline.replicas > 1:
         return "local"
     return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.pipeline.stages else "local"
 
@@ -97,7 +99,7 @@ class Trainer:
         self.data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
         self.fingerprints = fingerprint.data_fingerprints(self.data)  # recorded in every checkpoint
         self._check_fingerprints()
-        self.micro = t.batch_size // p.microbatches
+        self.micro = t.batch_size // (p.microbatches * p.replicas)  # each replica's microbatch
         train_tokens = getattr(self.data, "train_tokens", None)  # the token array of a finite corpus
         train_tokens = None if train_tokens is None else len(train_tokens)
         if train_tokens is not None and self.micro * (cfg.model.block_size + 1) > train_tokens:
@@ -118,6 +120,7 @@ class Trainer:
         self.clock = build.clock_mode(cfg, self.kind)
         self.guard = self._guard()
         self.link = LinkModel(p.link_latency_s, p.link_bandwidth)
+        self.allreduce = AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
         self.tokens_per_step = t.batch_size * cfg.model.block_size
         self.signal = self._signal_batch()
         # the local runtime's device (the dist runtime's workers place their own stages)
@@ -128,7 +131,7 @@ class Trainer:
             self.runtime = self._dist_runtime()
         try:
             sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link,
-                                                          list(cfg.schedule.mitigation))
+                                                          list(cfg.schedule.mitigation), self.allreduce)
             self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
                                lr_warmup=cfg.optim.warmup_steps,
                                extra={"optimizer": cfg.optim.name, "open_ended": bool(t.stop_at_target and t.target_ppl)})
@@ -167,15 +170,27 @@ class Trainer:
         """Every stage in this process, on ``pipeline.device``; the profile measured here."""
         cfg, p, t = self.cfg, self.cfg.pipeline, self.cfg.train
         self.stages, self.optimizers = build.make_stages(cfg, self.gcfg, device=self.device)
-        self.batches = build.Batches(self.data, t.batch_size, p.microbatches, device=self.device)
+        # R x m microbatches per step; replica r's are shares r*m .. r*m + m - 1 (runtime/replicas.py)
+        self.batches = build.Batches(self.data, t.batch_size, p.microbatches * p.replicas, device=self.device)
         given = self._given_profile()
         self.profile = self._use_profile(given or build.measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
+        policy = build.make_policy(cfg, self.plan)
         return LocalRuntime(
-            self.stages, self.optimizers, self.choice.spec, self.plan, build.make_policy(cfg, self.plan), self.batches,
+            self.stages, self.optimizers, self.choice.spec, self.plan, policy, self.batches,
             self.profile if self.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
             cfg.model.tie_embeddings, p.order, self.eval_at, self.val,
-            precision=t.precision, device=self.device)
+            precision=t.precision, device=self.device, replicas=self._replicas(policy), allreduce=self.allreduce)
+
+    def _replicas(self, policy) -> list[Replica]:
+        """Replicas 1 .. R-1 of the pipeline (``pipeline.replicas``): stages built from the same
+        seed as replica 0's, their own optimizers and policy, their share of each step."""
+        m = self.cfg.pipeline.microbatches
+        out = []
+        for r in range(1, self.cfg.pipeline.replicas):
+            stages, optimizers = build.make_stages(self.cfg, self.gcfg, device=self.device)
+            out.append(Replica(stages, optimizers, policy.replica(), replica_batch(self.batches, r, m)))
+        return out
 
     def _dist_runtime(self) -> Runtime:
         """A worker process per stage (``pipeline.runtime=dist``, or ``auto`` with a CUDA device for
@@ -255,6 +270,7 @@ class Trainer:
                       f"({self.clock}) "
                       + (f"device={self.device} " if rt.name == "local" else "") + f"precision={t.precision} "
                       f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
+                      + (f"replicas={cfg.pipeline.replicas} " if cfg.pipeline.replicas > 1 else "") +
                       f"schedule={method_label(cfg)} model={cfg.model.name} data={self.data.describe()}")
         self.console.say(first_line)
         self.wall0 = time.perf_counter()

@@ -7,6 +7,8 @@ of test_references with each step's gradient the mean over R replicas' shares (a
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -27,7 +29,7 @@ ADAM = dict(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, weight_decay=0.0, de
 
 
 def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, scfg=None, order="forward",
-               sync="1f1b", allreduce=None):
+               sync="1f1b", allreduce=None, gcfg=GCFG):
     """A local runtime of R replicas of a p-stage pipeline, each on its R-th of every batch."""
     plan = Plan(len(phases), list(phases))
     ocfg = ocfg if ocfg is not None else optim_cfg(**ADAM)
@@ -36,19 +38,19 @@ def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, s
     full = batch_fn(data, R * m)
 
     def parts():
-        stages = build_stages(GCFG, partition(GCFG, p), 0)
+        stages = build_stages(gcfg, partition(gcfg, p), 0)
         return stages, [StageOptimizer(list(s.named_parameters()), ocfg) for s in stages]
 
     policy = UpdatePolicy(ocfg, scfg, plan, len(phases))
     stages, opts = parts()
     more = [Replica(*parts(), policy.replica(), replica_batch(full, r, m)) for r in range(1, R)]
     return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights), plan, policy, replica_batch(full, 0, m),
-                        CostProfile.uniform(p), LinkModel(), clip, 0, False, order, replicas=more, allreduce=allreduce)
+                        CostProfile.uniform(p), LinkModel(), clip, 0, gcfg.tie_embeddings, order, replicas=more, allreduce=allreduce)
 
 
-def single_process(data, steps, clip):
+def single_process(data, steps, clip, gcfg=GCFG):
     """The unpartitioned model on the whole batch: torch's AdamW, torch's global-norm clipping."""
-    (model,) = build_stages(GCFG, partition(GCFG, 1), 0)
+    (model,) = build_stages(gcfg, partition(gcfg, 1), 0)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0)
     losses = []
     for t in range(steps):
@@ -71,6 +73,14 @@ def test_sync_replicas_are_single_process_training_on_the_whole_batch(sync):
     results = [rt.run_step(t) for t in range(6)]
     assert rel_close([r.loss for r in results], ref, 1e-5), ([r.loss for r in results], ref)
     assert results[0].grad_norm > 0.5  # the clip is active: it acts on the mean gradient's norm
+
+
+def test_sync_replicas_with_tied_embeddings_are_single_process_training():
+    gcfg = dataclasses.replace(GCFG, tie_embeddings=True)
+    data = make_data(4)
+    ref = single_process(data, 4, clip=0.5, gcfg=gcfg)
+    got = run_losses(replicated(2, 2, 2, ["sync"] * 4, data, clip=0.5, gcfg=gcfg), 4)
+    assert rel_close(got, ref, 1e-5), (got, ref)
 
 
 def test_two_sync_replicas_are_one_replica_with_the_same_batch():
@@ -233,7 +243,9 @@ def test_local_runtime_clock_with_replicas_is_the_simulator(phases):
 def test_simulate_setup_of_replicas():
     from adapipe_cli.cli.compose import compose_or_fail
     from adapipe_cli.cli.simulate import prepare, summary_text
+    from adapipe_cli.config.schema import register_simulate_config
 
+    register_simulate_config()
     cfg = compose_or_fail(["pipeline.stages=2", "pipeline.replicas=4", "pipeline.dp_bandwidth=1e6", "grad_bytes=3e6"],
                           config_name="simulate", check=False)
     setup = prepare(cfg)

@@ -29,7 +29,7 @@ ADAM = dict(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, weight_decay=0.0, de
 
 
 def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, scfg=None, order="forward",
-               sync="1f1b", allreduce=None, gcfg=GCFG):
+               sync="1f1b", allreduce=None, gcfg=GCFG, chunks=1):
     """A local runtime of R replicas of a p-stage pipeline, each on its R-th of every batch."""
     plan = Plan(len(phases), list(phases))
     ocfg = ocfg if ocfg is not None else optim_cfg(**ADAM)
@@ -38,14 +38,14 @@ def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, s
     full = batch_fn(data, R * m)
 
     def parts():
-        stages = build_stages(gcfg, partition(gcfg, p), 0)
+        stages = build_stages(gcfg, partition(gcfg, p * chunks), 0)
         return stages, [StageOptimizer(list(s.named_parameters()), ocfg) for s in stages]
 
     policy = UpdatePolicy(ocfg, scfg, plan, len(phases))
     stages, opts = parts()
     more = [Replica(*parts(), policy.replica(), replica_batch(full, r, m)) for r in range(1, R)]
-    return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights), plan, policy, replica_batch(full, 0, m),
-                        CostProfile.uniform(p), LinkModel(), clip, 0, gcfg.tie_embeddings, order, replicas=more, allreduce=allreduce)
+    return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights, True, chunks), plan, policy, replica_batch(full, 0, m),
+                        CostProfile.uniform(p * chunks), LinkModel(), clip, 0, gcfg.tie_embeddings, order, replicas=more, allreduce=allreduce)
 
 
 def single_process(data, steps, clip, gcfg=GCFG):
@@ -65,11 +65,11 @@ def single_process(data, steps, clip, gcfg=GCFG):
     return losses
 
 
-@pytest.mark.parametrize("sync", ["1f1b", "gpipe", "zbh1"])
-def test_sync_replicas_are_single_process_training_on_the_whole_batch(sync):
+@pytest.mark.parametrize("sync,chunks", [("1f1b", 1), ("gpipe", 1), ("zbh1", 1), ("interleaved", 2)])
+def test_sync_replicas_are_single_process_training_on_the_whole_batch(sync, chunks):
     data = make_data(6)
     ref = single_process(data, 6, clip=0.5)
-    rt = replicated(2, 2, 2, ["sync"] * 6, data, clip=0.5, sync=sync)
+    rt = replicated(2, 2, 2, ["sync"] * 6, data, clip=0.5, sync=sync, chunks=chunks)
     results = [rt.run_step(t) for t in range(6)]
     assert rel_close([r.loss for r in results], ref, 1e-5), ([r.loss for r in results], ref)
     assert results[0].grad_norm > 0.5  # the clip is active: it acts on the mean gradient's norm

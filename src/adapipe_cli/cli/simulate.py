@@ -221,7 +221,8 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     written = ["simulation.json"]
     if record:
-        title = (f"{name}: {spec.stages} stages x {spec.microbatches} microbatches, {res.steps} steps; "
+        title = (f"{name}: {spec.stages} stages x {spec.microbatches} microbatches, "
+                 + (f"{res.replicas} replicas (A: each stage's all-reduce), " if res.replicas > 1 else "") + f"{res.steps} steps; "
                  f"step {res.step_time:.4g} s, bubble {res.bubble_fraction:.1%}")
         timeline_note = draw_timeline(res.timeline, spec.stages, run_dir / "timeline.png", title)
         written.append("timeline.png")

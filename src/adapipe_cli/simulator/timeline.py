@@ -3,7 +3,7 @@
 Forward and backward boxes are coloured by microbatch (a qualitative palette of ten hues, so
 neighbouring microbatches differ): a forward in the light shade, its backward in the dark shade
 of the same hue. Updates are black boxes as wide as they take, the all-reduce before an update
-(replicas of the pipeline) a grey box, a zero-cost action a thin line at
+(replicas of the pipeline) a white cross-hatched box (grey in a downsampled picture), a zero-cost action a thin line at
 its time (not a box of made-up width); idle time is left white. A label (``F3``, or just ``3``) is
 written inside a box when it fits at the picture's size, and left out when it does not. The
 picture is at most ``MAX_WIDTH_IN`` inches wide: a long run is drawn narrower, not wider.
@@ -88,7 +88,7 @@ def _legend() -> list[Patch]:
     pal = _palette()
     return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B or I (dark)"),
             Patch(facecolor=pal[0], hatch="///", edgecolor="white", label="W (hatched)"),
-            Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor=GREY, label="A (all-reduce)"),
+            Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor="white", edgecolor=GREY, hatch="xxx", label="A (all-reduce)"),
             Patch(facecolor="white", edgecolor="grey", label="idle")]
 
 
@@ -104,7 +104,7 @@ def shapes(boxes: Sequence[Box]) -> tuple[list, list, list, list, list]:
             instants.append([(start, y0), (start, y1)])
         elif kind == UPDATE:
             updates.append([(start, y0), (start, y1), (end, y1), (end, y0)])
-        elif kind in WORK or kind == ALLREDUCE:
+        elif kind in WORK:
             if kind == WEIGHT:
                 hatched.append(len(work))
             work.append([(start, y0), (start, y1), (end, y1), (end, y0)])
@@ -119,6 +119,10 @@ def _draw_boxes(ax, boxes: Sequence[Box]) -> None:
         ax.add_collection(PolyCollection([work[i] for i in hatched], facecolors="none", edgecolors="white",
                                          hatch="///", linewidths=0.0))
     ax.add_collection(PolyCollection(updates, facecolors=BLACK, edgecolors="none", zorder=3))
+    allreduce = [[(a, s - ROW / 2), (a, s + ROW / 2), (b, s + ROW / 2), (b, s - ROW / 2)]
+                 for s, kind, _mb, _step, a, b in boxes if kind == ALLREDUCE and b > a]
+    if allreduce:  # white, cross-hatched: unlike any microbatch's colour
+        ax.add_collection(PolyCollection(allreduce, facecolors="white", edgecolors=GREY, hatch="xxx", linewidths=0.6))
     ax.add_collection(LineCollection(instants, colors=BLACK, linewidths=1.0, zorder=3))
     _labels(ax, boxes)
 

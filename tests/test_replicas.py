@@ -8,6 +8,7 @@ of test_references with each step's gradient the mean over R replicas' shares (a
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -174,6 +175,17 @@ def test_a_run_with_replicas_resumes_from_its_checkpoint(tmp_path):
     cut = cut_at(whole, tmp_path / "cut", 3)
     assert main(["train", f"train.resume={cut}"]) == 0
     assert records(cut) == records(whole)
+    assert json.loads((whole / "summary.json").read_text())["replicas"] == 2
+    assert "replicas=2" in (whole / "run.log").read_text().splitlines()[0]
+
+
+def test_a_checkpoint_from_before_replicas_resumes_with_one():
+    from adapipe_cli import checkpoint
+
+    old = {"pipeline": {"stages": 2}}
+    assert checkpoint.config_differences(old, {"pipeline": {"stages": 2, "replicas": 1, "dp_latency_s": 0.0}}) == []
+    assert checkpoint.config_differences(old, {"pipeline": {"stages": 2, "replicas": 2}}) == [
+        "pipeline.replicas=None in the checkpoint, 2 now"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -256,8 +268,6 @@ def test_simulate_setup_of_replicas():
 
 @pytest.mark.slow
 def test_simulate_command_with_replicas(tmp_path, capsys):
-    import json
-
     args = ["simulate", "pipeline.stages=2", "pipeline.microbatches=2", "pipeline.replicas=4", "pipeline.dp_latency_s=0.5",
             "steps=4", f"hydra.run.dir={tmp_path}"]
     assert main(args) == 0

@@ -38,6 +38,9 @@ FREE_KEYS = {
     # like another thread count's, but moving a run is what the key is for)
     "pipeline.device",
 }
+# keys newer than some checkpoints, with the value that keeps what a run did before they existed:
+# a checkpoint without the key resumes when the run leaves it there
+SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}
@@ -216,6 +219,8 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
+            if a is None and prefix in SINCE and b == SINCE[prefix]:
+                return
             if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")
             return

@@ -479,7 +479,7 @@ class Trainer:
             "clock_mode": self.clock,
             "device": str(self.device) if self.runtime.name == "local" else None, "precision": t.precision,
             "model": cfg.model.name, "data": cfg.data.name, "optimizer": cfg.optim.name,
-            "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches,
+            "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches, "replicas": cfg.pipeline.replicas,
             "batch_size": t.batch_size, "seq_len": cfg.model.block_size, "seed": cfg.seed,
             "steps": state["steps"], "tokens": state["tokens"], "time_s": total, "wall_s": wall,
             "tokens_per_s": state["tokens"] / total if total > 0 else None,

@@ -217,3 +217,13 @@ def test_paths_are_free_only_where_the_checkpoint_has_fingerprints():
     old = checkpoint.config_differences(saved, now, checkpoint.free_keys({}))
     assert old == ["data.train='/a/train.txt' in the checkpoint, '/b/train.txt' now"]
     assert checkpoint.config_differences(saved, now, checkpoint.free_keys({"fingerprints": {"train data": "x"}})) == []
+
+
+def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
+    """schedule.chunks (interleaved) and gain's heuristic.drift / prior_spread are newer than some
+    checkpoints: leaving them at their defaults resumes, changing them is a difference."""
+    old = {"schedule": {"name": "adapipe"}, "heuristic": {"name": "goodput"}}
+    now = {"schedule": {"name": "adapipe", "chunks": 1}, "heuristic": {"name": "goodput", "drift": 0.25, "prior_spread": 0.5}}
+    assert checkpoint.config_differences(old, now) == []
+    now["heuristic"]["drift"] = 0.1
+    assert checkpoint.config_differences(old, now) == ["heuristic.drift=None in the checkpoint, 0.1 now"]

@@ -112,25 +112,51 @@ def test_phase_switch_costs_a_drain_and_a_fill():
 # -- the link --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("p,m", SHAPES)
 def test_link_latency_adds_a_round_trip_to_the_sync_step(p, m):
-    """A flushed step crosses p - 1 links forwards and p - 1 backwards: GPipe's step grows by
-    exactly 2 (p - 1) latency. 1F1B's strict alternation cannot hide the round trip (the forward of
-    microbatch j + w + 1 waits for the backward of j), so its step grows by exactly that only for
-    m <= 2, and by more beyond."""
+    """A flushed step crosses p - 1 links forwards and p - 1 backwards, and its update's all-gather
+    (a ring over p stages) p - 1 more: GPipe's step grows by exactly 3 (p - 1) latency. 1F1B's
+    strict alternation cannot hide the round trip (the forward of microbatch j + w + 1 waits for
+    the backward of j), so its step grows by exactly that only for m <= 2, and by more beyond."""
     lat = 0.25
     base = (m + p - 1) * (F + B)
-    assert run(p, m, [SYNC] * 2, "gpipe", link=LinkModel(lat)).step_time == approx(base + 2 * (p - 1) * lat)
+    assert run(p, m, [SYNC] * 2, "gpipe", link=LinkModel(lat)).step_time == approx(base + 3 * (p - 1) * lat)
     one = run(p, m, [SYNC] * 2, "1f1b", link=LinkModel(lat)).step_time
     if m <= 2:
-        assert one == approx(base + 2 * (p - 1) * lat)
+        assert one == approx(base + 3 * (p - 1) * lat)
     else:
-        assert one >= base + 2 * (p - 1) * lat - 1e-9
+        assert one >= base + 3 * (p - 1) * lat - 1e-9
 
 
 def test_link_bandwidth_adds_transfer_time():
     p, m, lat, nbytes, bw = 4, 3, 0.1, 200.0, 1000.0
     profile = CostProfile.uniform(p, F, B, 0.0, act_bytes=nbytes)
     r = simulate(ScheduleSpec(p, m, "gpipe"), Plan(1, [SYNC]), profile, LinkModel(lat, bw))
-    assert r.step_time == approx((m + p - 1) * (F + B) + 2 * (p - 1) * (lat + nbytes / bw))
+    assert r.step_time == approx((m + p - 1) * (F + B) + 2 * (p - 1) * (lat + nbytes / bw) + (p - 1) * lat)
+
+
+def test_the_link_is_the_configured_one_else_the_measured_one_else_free():
+    """A dist run's measured link (the profile's ``link``) times the simulation unless a link is
+    configured; a profile without one leaves communication free (the local runtime's clock)."""
+    p, m = 2, 2
+    measured = CostProfile.uniform(p, F, B, 0.0, act_bytes=100.0)
+    measured.link = {"latency_s": 0.25, "bandwidth": 400.0}
+    assert LinkModel.choose(0.0, 0.0, measured) == LinkModel(0.25, 400.0)
+    assert LinkModel.choose(0.5, 0.0, measured) == LinkModel(0.5, 0.0)
+    assert LinkModel.choose(0.0, 0.0, CostProfile.uniform(p)) == LinkModel()
+    free = simulate(ScheduleSpec(p, m, "gpipe"), Plan(1, [SYNC]), measured).step_time
+    assert free == approx((m + p - 1) * (F + B))
+    linked = simulate(ScheduleSpec(p, m, "gpipe"), Plan(1, [SYNC]), measured, LinkModel.choose(0, 0, measured))
+    assert linked.step_time == approx(free + 2 * (0.25 + 100.0 / 400.0) + 0.25)
+
+
+def test_a_measured_link_survives_save_and_load_but_not_the_fingerprint(tmp_path):
+    from adapipe_cli.train.fingerprint import profile_fingerprint
+
+    prof = CostProfile.uniform(2)
+    before = profile_fingerprint(prof)
+    prof.link = {"latency_s": 1e-4, "bandwidth": 1e9}
+    prof.save(tmp_path / "profile.json")
+    assert CostProfile.load(tmp_path / "profile.json").link == prof.link
+    assert profile_fingerprint(prof) == before  # measured anew at each start: a resume is not refused for it
 
 
 # -- cost profiles -----------------------------------------------------------------------------------

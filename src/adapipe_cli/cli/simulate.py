@@ -101,7 +101,7 @@ def prepare(cfg) -> Setup:
         profile = CostProfile.uniform(n, cfg["forward"] / v, cfg["backward"] / v, cfg["update"] / v, cfg["act_bytes"])
         source = "uniform"
     steps = cfg.steps
-    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel(p.link_latency_s, p.link_bandwidth), source,
+    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel.choose(p.link_latency_s, p.link_bandwidth, profile), source,
                  AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s),
                  [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None)
 

@@ -73,6 +73,7 @@ class Runtime(Protocol):
     clock_name: str  # "pipeline" (the simulator's time of a p-device pipeline) or "wall"
     snapshots: bool  # whether state_dict/load_state_dict work between steps (the divergence guard's rollback)
     heldout: bool  # whether evaluate(batches) gives the heuristic a held-out loss after each step
+    link: dict | None  # the link between stages measured at start-up (latency_s, bandwidth), or None
 
     def decide(self, step: int, phase: str) -> None:
         """Record the phase of ``step`` (the loop decides ``lag`` steps ahead)."""

@@ -109,6 +109,14 @@ def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
     return backend, devices or None
 
 
+def link_model(pairs: list[dict]) -> dict:
+    """One link for the simulator from the ping-pongs of each pair of neighbouring stages
+    (:meth:`.dist_transport.DistTransport.measure_link`): their mean latency and bandwidth."""
+    mean = lambda k: sum(x[k] for x in pairs) / len(pairs)  # noqa: E731
+    return {"latency_s": mean("latency_s"), "bandwidth": mean("bandwidth"), "bytes": pairs[0]["bytes"],
+            "pairs": pairs, "method": f"ping-pong between neighbouring stages at start-up, median of {pairs[0]['rounds']}"}
+
+
 class DistRuntime:
     """One worker process per stage (:class:`.base.Runtime`), built from the run's spec."""
 
@@ -117,6 +125,7 @@ class DistRuntime:
     clock_name = "wall"  # or "pipeline" (``pipeline.clock=profiled``), chosen at start-up
     snapshots = True  # each worker keeps its stage's snapshots; the driver's state names them
     heldout = True  # each worker runs the held-out batch after each update
+    link: dict | None = None  # measured by the workers at start-up (see link_model)
 
     def __init__(self, spec: RunSpec):
         cfg = self.cfg = spec.cfg
@@ -167,6 +176,7 @@ class DistRuntime:
         try:
             self._start(local, Path(spec.run_dir) / "workers")
             self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
+            self.link = link_model(self._collect([f"link/{r}" for r in range(self.p - 1)])) if self.p > 1 else None
             self.profile = spec.profile or self._measured_profile()
             if spec.clock == "profiled":
                 self.clock_name = "pipeline"

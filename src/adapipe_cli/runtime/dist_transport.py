@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import datetime
 import pickle
+import statistics
 import time
+from collections import deque
 from typing import Callable
 
 import torch
@@ -111,23 +113,35 @@ def build_groups(stages: int, tied: bool) -> dict:
 class DistTransport:
     """The :class:`~.transport.Transport` of one worker: stage ``s`` is rank ``s``.
 
-    Receivers allocate the buffer from ``shape(channel, key)``; sends keep their handle (and so
-    their tensor) until they complete. With ``ahead``, the next receive of the activation and
-    gradient channels is posted as soon as the previous one completes: gloo moves a message only
-    once its receive is posted, so the transfer then overlaps the computation before it is needed
-    (those channels carry one shape). ``wait_s`` accumulates the time spent blocked in receives
-    and collectives, which is not busy time; ``on_block(True/False)`` brackets each such wait.
+    Shapes are known from the schedule (``shape(channel, key)``), so a message is the tensor alone:
+    no metadata travels. A receive takes a buffer of that shape from the channel's pool of
+    buffers the executor has given back (:meth:`release`), or allocates one: a fresh buffer costs
+    page faults on every use on the CPU. With ``ahead``, the next receive of each channel but
+    ``eval`` is posted as soon as the previous one completes: gloo moves a message only once its
+    receive is posted, so the transfer then overlaps the computation before it is needed (those
+    channels carry one shape).
+
+    Sends never block the sender (isend) and keep their tensor until they are known to be
+    complete. gloo marks a send complete only once it is waited for, so each channel keeps its
+    sends in order and waits for the oldest when more than ``window`` are pending, and for all
+    after a collective over every stage (whose peers have consumed every message sent before
+    it). Waiting for an old send cannot deadlock: its receiver consumes the channel in order
+    and needs nothing from this stage that this stage sends after it. ``wait_s`` accumulates
+    the time spent blocked in receives, sends and collectives, which is not busy time;
+    ``on_block(True/False)`` brackets each such wait.
     """
 
     def __init__(self, stage: int, stages: int, groups: dict, shape: Callable[[str, object], tuple],
                  device: torch.device, dtype: torch.dtype = torch.float32,
-                 on_block: Callable[[bool], None] | None = None, ahead: bool = False):
+                 on_block: Callable[[bool], None] | None = None, ahead: bool = False, window: int = 64):
         self.s, self.p, self.groups, self.shape = stage, stages, groups, shape
         self.device, self.dtype = device, dtype
         self.on_block = on_block or (lambda blocked: None)
-        self.sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self.sends: dict[str, deque[tuple[dist.Work, torch.Tensor]]] = {c: deque() for c in CHANNELS}
+        self.window = max(1, window)
         self.ahead = ahead
         self.posted: dict[str, tuple[dist.Work, torch.Tensor]] = {}  # channel -> its next receive
+        self.free: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (channel, shape) -> buffers given back
         self.wait_s = 0.0
 
     def _group(self, channel: str, src: int, dst: int):
@@ -135,10 +149,12 @@ class DistTransport:
 
     def send(self, channel: str, src: int, dst: int, key, tensor: torch.Tensor) -> None:
         # (the tables of gradient norms are made on the host; NCCL sends only device tensors)
-        tensor = tensor.to(self.device).contiguous()
-        work = dist.isend(tensor, dst, group=self._group(channel, src, dst))
-        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
-        self.sends.append((work, tensor))
+        if tensor.device != self.device or not tensor.is_contiguous():
+            tensor = tensor.to(self.device).contiguous()
+        pending = self.sends[channel]
+        while pending and (len(pending) >= self.window or pending[0][0].is_completed()):
+            self._blocking(pending.popleft()[0].wait)  # (gloo: done long ago, returns at once)
+        pending.append((dist.isend(tensor, dst, group=self._group(channel, src, dst)), tensor))
 
     def ready(self, channel: str, src: int, dst: int, key) -> bool:
         return True  # a receive blocks until its message arrives
@@ -150,9 +166,52 @@ class DistTransport:
             self.posted[channel] = self._post(channel, src, dst, key)
         return buf
 
+    def release(self, channel: str, tensor: torch.Tensor) -> None:
+        """The executor is done with ``tensor``, a buffer :meth:`recv` returned: a later receive of
+        ``channel`` may reuse it (at most a few are kept per shape)."""
+        free = self.free.setdefault((channel, tuple(tensor.shape)), [])
+        if len(free) < 8:
+            free.append(tensor.detach())
+
     def _post(self, channel: str, src: int, dst: int, key) -> tuple[dist.Work, torch.Tensor]:
-        buf = torch.empty(self.shape(channel, key), dtype=self.dtype, device=self.device)
+        shape = tuple(self.shape(channel, key))
+        free = self.free.get((channel, shape))
+        buf = free.pop() if free else torch.empty(shape, dtype=self.dtype, device=self.device)
         return dist.irecv(buf, src, group=self._group(channel, src, dst)), buf
+
+    def measure_link(self, numel: int, rounds: int = 20) -> dict | None:
+        """Latency and bandwidth of the link to the next stage, from a ping-pong before training:
+        ``latency`` is half the median round trip of a 1-element message, and
+        ``bandwidth = bytes / (t - latency)`` with ``t`` half the median round trip of a message
+        of ``numel`` elements (an activation). Every rank calls it, in rank order along the
+        pipeline (rank s measures with s - 1, then with s + 1); the last rank returns None."""
+        out = None
+        for peer in (self.s - 1, self.s + 1):
+            if not 0 <= peer < self.p:
+                continue
+            group = self._group("act", self.s, peer)
+            times = []
+            for n in (1, max(1, numel)):
+                x = torch.zeros(n, dtype=self.dtype, device=self.device)
+                rt = []
+                for _ in range(rounds + 2):  # (the first two warm the connection up)
+                    t0 = time.perf_counter()
+                    if peer > self.s:
+                        dist.send(x, peer, group=group)
+                        dist.recv(x, peer, group=group)
+                    else:
+                        dist.recv(x, peer, group=group)
+                        dist.send(x, peer, group=group)
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    rt.append(time.perf_counter() - t0)
+                times.append(statistics.median(rt[2:]) / 2)
+            if peer > self.s:
+                latency, big = times
+                nbytes = max(1, numel) * torch.empty((), dtype=self.dtype).element_size()
+                out = {"latency_s": latency, "bandwidth": nbytes / max(big - latency, 1e-9), "bytes": nbytes,
+                       "one_way_s": big, "rounds": rounds}
+        return out
 
     def post_reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> None:
         pass  # the collective runs in reduce()
@@ -173,6 +232,10 @@ class DistTransport:
             for x in parts[1:]:
                 acc.add_(x)
             out.append(acc.reshape(t.shape).to(t.device))
+        if pg is None:  # every stage is here: every message sent before it has been received
+            for pending in self.sends.values():
+                while pending:
+                    pending.popleft()[0].wait()
         return out
 
     def _blocking(self, fn: Callable[[], object]) -> None:
@@ -185,5 +248,4 @@ class DistTransport:
             self.on_block(False)
 
     def pending_sends(self) -> int:
-        self.sends = [(w, t) for w, t in self.sends if not w.is_completed()]
-        return len(self.sends)
+        return sum(len(q) for q in self.sends.values())

@@ -128,6 +128,7 @@ class LocalRuntime:
     clock_name = "pipeline"
     snapshots = True
     heldout = True
+    link = None  # stages exchange tensors in memory: nothing to measure
 
     def decide(self, step: int, phase: str) -> None:
         self.plan.decide(step, phase)

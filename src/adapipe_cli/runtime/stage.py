@@ -333,9 +333,9 @@ class StageExecutor:
 
     def backward(self, a: Action) -> None:
         rec = self.inflight.pop(a.mb)
-        grad_out = None
+        grad_out = received = None
         if not self.last:
-            grad_out = self.transport.recv("grad", self.s + 1, self.s, a.mb)
+            grad_out = received = self.transport.recv("grad", self.s + 1, self.s, a.mb)
             self._hear("gradn", self.s + 1, a)
         w, out, x = rec.weights, rec.out, rec.x
         key = self.ledger.backward(a, self.work)
@@ -350,7 +350,10 @@ class StageExecutor:
         params = self.params if w is None else w
         inputs = params if self.first else [x, *params]
         grads = torch.autograd.grad(out, inputs, grad_out, allow_unused=True)
+        if received is not None:  # (autograd.grad freed the graph: the received buffers are free)
+            self.transport.release("grad", received)
         if not self.first:
+            self.transport.release("act", rec.x)
             self.transport.send("grad", self.s, self.s - 1, a.mb, grads[0])
             grads = grads[1:]
         self._accumulate(a, grads)
@@ -481,6 +484,8 @@ class StageExecutor:
         for i, (x, y) in enumerate(self.val):
             h = x if self.first else self.transport.recv("eval", self.s - 1, self.s, (a.version, i))
             out = self.eval_forward(a.version, h)
+            if not self.first:
+                self.transport.release("eval", h)
             if self.last:
                 losses.append(self._loss(out, y).item())
             else:

@@ -22,6 +22,10 @@ class Transport(Protocol):
 
     def recv(self, channel: str, src: int, dst: int, key, like: torch.Tensor | None = None) -> torch.Tensor: ...
 
+    def release(self, channel: str, tensor: torch.Tensor) -> None:
+        """The receiver is done with ``tensor`` (from ``recv``): its buffer may be reused."""
+        ...
+
     def post_reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> None: ...
 
     def reduce_ready(self, key: tuple, group: tuple[int, ...]) -> bool: ...
@@ -48,6 +52,9 @@ class LocalTransport:
 
     def recv(self, channel: str, src: int, dst: int, key, like: torch.Tensor | None = None) -> torch.Tensor:
         return self.box.pop((channel, dst, key))
+
+    def release(self, channel: str, tensor: torch.Tensor) -> None:
+        pass  # the received tensor is the sender's own: nothing to reuse
 
     def post_reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> None:
         self.reductions.setdefault(key, {})[stage] = tensors

@@ -213,7 +213,9 @@ class Worker:
 
         tied = cfg.model.tie_embeddings and p > 1
         self.transport = DistTransport(rank, p, build_groups(p, tied), shape, device, ahead=spec["backend"] == "gloo",
-                                       on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING))
+                                       on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING),
+                                       window=m + 2 * p + len(val) + 1)  # (above any schedule's sends in flight)
+        self.act_numel = micro * T * d
         batches = build.Batches(data, cfg.train.batch_size, m)
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
         self.program = StageProgram(rank, choice.spec, self.plan, self.eval_at)
@@ -241,6 +243,9 @@ class Worker:
     def run(self) -> None:
         self.board.put(f"ready/{self.rank}", os.getpid())
         resend = self._restore(self.part) if self.part is not None else []
+        link = self.transport.measure_link(self.act_numel)  # into the run's profile (see DistRuntime.link)
+        if link is not None:
+            self.board.put(f"link/{self.rank}", link)
         dist.barrier()  # a common start: every report's times count from here
         self.t0 = time.perf_counter()
         for mb in resend:  # in order, before any other activation

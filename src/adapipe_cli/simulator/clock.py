@@ -5,10 +5,15 @@ An action starts when its stage is free and its input has arrived, and lasts its
 - ``F(j)`` at stage s > 0 waits for ``F(j)`` at s-1 plus the link time of one activation;
 - ``B(j)`` at stage s < p-1 waits for ``B(j)`` at s+1 plus the link time of one gradient;
 - a synchronous ``U(t)`` is a collective (global gradient norm): it starts when every stage has
-  arrived at it (without the barrier, ZB-H2's, when its stage is free);
+  arrived at it, plus the collective's ``p - 1`` link latencies (gloo's ring all-gather of p
+  numbers); without the barrier (ZB-H2's) when its stage is free;
 - with R replicas of the pipeline, every ``U(t)`` at stage s is preceded by the all-reduce of the
   stage's gradient with its R-1 copies (:class:`AllReduceModel`), which keeps the stage busy
   communicating (drawn as ``A``; not counted as compute in ``busy``).
+
+The link (:class:`LinkModel`) is a configured one (``pipeline.link_latency_s``,
+``pipeline.link_bandwidth``) or, when none is, the one a distributed run measured at start-up and
+stored in its cost profile (``link``); with neither, communication is free, as in one process.
 
 The local runtime feeds this clock with measured (or profiled) costs, so its ``time_s`` is the
 time a pipeline of p devices, each as fast as this machine's core, would have taken. The simulator
@@ -40,7 +45,8 @@ class CostProfile:
     stage the bytes of one parameter set, of the optimizer state and of one microbatch's saved
     activations (``memory``, for the memory ledger). A recomputed forward (``weights=latest``)
     costs ``forward``. A backward split in two (zero-bubble schedules) costs ``input`` and
-    ``weight`` (measured; a profile without them splits ``backward`` in halves)."""
+    ``weight`` (measured; a profile without them splits ``backward`` in halves). ``link``: the
+    link between stages that a distributed run measured at start-up (empty: none measured)."""
 
     forward: list[float]
     backward: list[float]
@@ -52,6 +58,7 @@ class CostProfile:
     memory: dict = field(default_factory=dict)  # params / optimizer / activation: lists of bytes per stage
     input: list[float] = field(default_factory=list)
     weight: list[float] = field(default_factory=list)
+    link: dict = field(default_factory=dict)  # measured by a dist run: latency_s, bandwidth (bytes/s)
 
     def __post_init__(self) -> None:
         p = len(self.forward)
@@ -112,7 +119,8 @@ class CostProfile:
             raise ValueError(f"cost profile {path} has no cost for weight copies and predictions (it predates them): "
                              f"measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
-                   d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []))
+                   d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []),
+                   d.get("link", {}))
 
 
 @dataclass
@@ -125,6 +133,14 @@ class LinkModel:
 
     def time(self, nbytes: float) -> float:
         return self.latency + (nbytes / self.bandwidth if self.bandwidth > 0 else 0.0)
+
+    @classmethod
+    def choose(cls, latency: float, bandwidth: float, profile: CostProfile | None) -> "LinkModel":
+        """The configured link when one is (latency or bandwidth not 0), else the profile's
+        measured one, else a free link."""
+        if latency or bandwidth or profile is None or not profile.link:
+            return cls(latency, bandwidth)
+        return cls(float(profile.link["latency_s"]), float(profile.link["bandwidth"]))
 
 
 @dataclass
@@ -165,7 +181,9 @@ class PipelineClock:
         self.barrier = barrier  # a sync update starts when every stage has reached it (ScheduleSpec.barrier)
         self.allreduce = list(allreduce) if allreduce else [0.0] * self.p  # per (virtual) stage
         self.last_allreduce: tuple[float, float] | None = None  # (start, end) of the last update's all-reduce
-        self.link_time = (link or LinkModel()).time(act_bytes)
+        link = link or LinkModel()
+        self.link_time = link.time(act_bytes)
+        self.collective_time = (stages - 1) * link.latency  # (stages: the devices, ranks of the all-gather)
         self.free = [0.0] * stages
         self.busy = [0.0] * stages
         self._f_end: dict[tuple[int, int], float] = {}
@@ -192,7 +210,7 @@ class PipelineClock:
         elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:
             start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
         elif a.kind == UPDATE and a.phase == SYNC and self.p > 1 and self.barrier:
-            start = max(start, max(self._arrivals[a.step]))
+            start = max(start, max(self._arrivals[a.step]) + self.collective_time)
         elif a.kind == EVAL:
             return start, start  # evaluation is not on the training clock
         end = start + cost

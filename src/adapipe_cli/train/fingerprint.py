@@ -47,8 +47,9 @@ def data_fingerprints(data) -> dict[str, str]:
 
 
 def profile_fingerprint(profile) -> str:
-    """SHA-256 of a cost profile's numbers (every field but ``meta``)."""
-    numbers = {k: v for k, v in asdict(profile).items() if k != "meta"}
+    """SHA-256 of a cost profile's numbers (every field but ``meta`` and ``link``, which a
+    distributed run measures anew at every start)."""
+    numbers = {k: v for k, v in asdict(profile).items() if k not in ("meta", "link")}
     return hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()
 
 

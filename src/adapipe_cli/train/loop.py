@@ -174,6 +174,7 @@ class Trainer:
         self.batches = build.Batches(self.data, t.batch_size, p.microbatches * p.replicas, device=self.device)
         given = self._given_profile()
         self.profile = self._use_profile(given or build.measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
+        self.link = LinkModel.choose(p.link_latency_s, p.link_bandwidth, self.profile)  # (a dist run's, if given)
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         policy = build.make_policy(cfg, self.plan)
         return LocalRuntime(
@@ -207,6 +208,9 @@ class Trainer:
         rt = DistRuntime(spec)
         try:
             self.profile = given or self._use_profile(rt.profile)
+            if rt.link:  # measured by the workers at start-up: the simulator's link for this run
+                self.profile.link = rt.link
+                self.profile.save(self.dir / "profile.json")
         except BaseException:
             rt.close()
             raise

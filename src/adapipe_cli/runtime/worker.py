@@ -242,10 +242,11 @@ class Worker:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
         self.board.put(f"ready/{self.rank}", os.getpid())
-        resend = self._restore(self.part) if self.part is not None else []
-        link = self.transport.measure_link(self.act_numel)  # into the run's profile (see DistRuntime.link)
+        # before the restore, which waits for the driver, who waits for this (see DistRuntime.link)
+        link = self.transport.measure_link(self.act_numel)
         if link is not None:
             self.board.put(f"link/{self.rank}", link)
+        resend = self._restore(self.part) if self.part is not None else []
         dist.barrier()  # a common start: every report's times count from here
         self.t0 = time.perf_counter()
         for mb in resend:  # in order, before any other activation

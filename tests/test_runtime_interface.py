@@ -10,7 +10,7 @@ from adapipe_cli.runtime.base import Runtime
 from adapipe_cli.runtime.dist import DistRuntime
 from adapipe_cli.runtime.local import LocalRuntime
 
-MEMBERS = {"name", "backend", "clock_name", "snapshots", "heldout", "decide", "run_step", "evaluations",
+MEMBERS = {"name", "backend", "clock_name", "snapshots", "heldout", "link", "decide", "run_step", "evaluations",
            "evaluate_now", "evaluate", "state_dict", "load_state_dict", "write_checkpoint_parts",
            "restore_checkpoint", "memory", "close"}
 
@@ -23,6 +23,7 @@ def test_both_runtimes_define_the_whole_interface():
         assert not missing, (cls.__name__, missing)
     assert (LocalRuntime.snapshots, LocalRuntime.heldout) == (True, True)
     assert (DistRuntime.snapshots, DistRuntime.heldout) == (True, True)
+    assert LocalRuntime.link is None  # (the dist runtime's is measured when its workers start)
 
 
 def test_imports_run_one_way():

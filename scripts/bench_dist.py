@@ -210,40 +210,59 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60, help="paired rounds of 20 messages each way (0: skip)")
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "pipedream", "adapipe"])
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
+    ap.add_argument("--report", default=None, help="print the table of a bench.json that a run wrote, run nothing")
     args = ap.parse_args()
+    if args.report:  # (a run stopped early keeps the repeats it finished)
+        saved = json.loads(Path(args.report).read_text())
+        runs = {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved["runs"].items()}
+        return report(runs, saved["stages"], saved["schedules"], saved["header"], saved.get("transport"))
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_dist_"))
     out.mkdir(parents=True, exist_ok=True)
     depths = list(args.stages)
+    header = (f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
+              f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
     runs = {(p, s): [] for p in depths for s in ["torch", *args.schedules]}
+    transport = None
+
+    def save() -> None:
+        (out / "bench.json").write_text(json.dumps({
+            "runs": {f"{p}/{s}": v for (p, s), v in runs.items()}, "stages": depths, "schedules": args.schedules,
+            "header": header, "transport": transport}))
+
     for i in range(args.repeats):
         for p in depths:
             args.stages = p
             runs[(p, "torch")].append(torch_step_time(args, out))
             for schedule in args.schedules:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
+                save()
+    if args.rounds:
+        transport = transport_overhead(args.rounds, out)
+        save()
+    report(runs, depths, args.schedules, header, transport)
+
+
+def report(runs: dict, depths: list[int], schedules: list[str], header: str, transport) -> None:
     rows = []
-    fmt = lambda xs: f"{min(xs):.3f} / {statistics.median(xs):.3f}"  # noqa: E731
+    fmt = lambda xs: f"{min(xs):.3f} / {statistics.median(xs):.3f}" if xs else "-"  # noqa: E731
     for p in depths:
         torch_t = runs[(p, "torch")]
         rows.append((f"p={p}: 1f1b step, torch Schedule1F1B (ms)", fmt([1e3 * t for t in torch_t]), "best / median"))
-        for schedule in args.schedules:
+        for schedule in schedules:
             rs = runs[(p, schedule)]
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([m / s for m, s in rs]), "goal within 5%"))
-        if "1f1b" in args.schedules:
+        if "1f1b" in schedules:
             ratio = [a[0] / t for a, t in zip(runs[(p, "1f1b")], torch_t)]
-            rows.append((f"p={p}: 1f1b adapipe / torch", fmt(ratio), "paired repeats; goal median <= 1.0"))
-    print(f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
-          f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
-    if args.rounds:
-        bare, ours, extra = transport_overhead(args.rounds, out)
+            rows.append((f"p={p}: 1f1b adapipe / torch", fmt(ratio), f"{len(ratio)} paired repeats; goal median <= 1.0"))
+    if transport:
+        bare, ours, extra = transport
         rows += [("1 MB message, DistTransport (us)", f"{1e6 * ours:.1f}", ""),
                  ("1 MB message, bare send/recv (us)", f"{1e6 * bare:.1f}", ""),
                  ("transport overhead (us, median of pairs)", f"{1e6 * extra:+.1f}", f"{100 * extra / bare:+.1f}%; goal <= 10%")]
+    print(header)
     show(rows)
-    (out / "bench.json").write_text(json.dumps({f"{p}/{s}": v for (p, s), v in runs.items()}))
-
 
 if __name__ == "__main__":
     main()

@@ -31,7 +31,7 @@ def test_imports_run_one_way():
     lower layers loads nothing of train/ (a worker builds its stage through train/build.py only
     when it starts) nor of the CLI."""
     code = ("import sys, adapipe_cli.schedules, adapipe_cli.simulator.simulate, adapipe_cli.runtime.dist, "
-            "adapipe_cli.runtime.local, adapipe_cli.runtime.worker, adapipe_cli.optim, adapipe_cli.checkpoint; "
+            "adapipe_cli.runtime.local, adapipe_cli.runtime.launch, adapipe_cli.optim, adapipe_cli.checkpoint; "
             "print(sorted(m for m in sys.modules if m.startswith(('adapipe_cli.train', 'adapipe_cli.cli'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

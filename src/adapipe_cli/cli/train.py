@@ -70,7 +70,7 @@ def _interrupted(e: BaseException | None, run_dir: Path) -> None:
 def _torchrun_rank(cfg) -> int | None:
     """This process's rank when torchrun (or a launcher setting the same variables) started it,
     else None; under torchrun the run must be distributed."""
-    from ..runtime.worker import torchrun_env
+    from ..runtime.launch import torchrun_env
     from ..train.loop import runtime_kind
 
     env = torchrun_env()
@@ -214,7 +214,7 @@ def _train_command(overrides: list[str]) -> int:
         if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
             rank = _torchrun_rank(cfg)
             if rank is not None and rank != 0:  # rank 0 runs the Trainer (and stage 0's worker) through Hydra
-                from ..runtime.worker import torchrun_main
+                from ..runtime.launch import torchrun_main
 
                 torchrun_main(cfg.pipeline.timeout_s)
     register_configs()

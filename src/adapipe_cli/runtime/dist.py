@@ -57,7 +57,7 @@ from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
 from .profile import join_profiles
 from .watchdog import Collector, Watchdog
-from .worker import spawn_main, torchrun_env
+from .launch import spawn_main, torchrun_env
 
 STARTUP_S = 120.0  # at least this long for workers to import torch, build their stage and connect
 
@@ -73,7 +73,7 @@ def worker_context():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     os.environ[DRIVER_PID] = str(os.getpid())  # read by forkserver_init in the server this context starts
-    ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.worker",
+    ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.launch",
                                 "adapipe_cli.train.build", "adapipe_cli.data"])
     return ctx
 

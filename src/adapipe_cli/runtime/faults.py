@@ -1,0 +1,28 @@
+"""Fault injection, for tests: ``ADAPIPE_FAULT=STAGE:STEP:KIND[,...]`` makes stage STAGE, right
+before its update of step STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit``
+with status 3, or ``hang`` (sleep for an hour)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+
+def inject_fault(rank: int, step: int) -> None:
+    """Apply ``ADAPIPE_FAULT`` (see above) before ``U(step)`` of stage ``rank``."""
+    spec = os.environ.get("ADAPIPE_FAULT")
+    if not spec:
+        return
+    for item in spec.split(","):
+        stage, at, kind = item.split(":")
+        if int(stage) != rank or int(at) != step:
+            continue
+        if kind == "raise":
+            raise RuntimeError(f"injected fault at step {step}")
+        if kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if kind == "exit":
+            os._exit(3)
+        if kind == "hang":
+            time.sleep(3600)

@@ -100,7 +100,8 @@ def test_equal_rates_with_noise_switch_rarely(name, seed):
     h = heuristic(name)
     phases, settled = drive(h, Env(**EQUAL, noise=0.02, seed=seed), 1500)
     assert adoptions(settled) <= 2
-    if name == "gain":  # at break-even with free switches a probe costs nothing: gain may probe often
+    if name == "gain":  # a known weakness, not a goal: at break-even over a long horizon (10,000 steps)
+        # gain probes at nearly every chance (15 to 17 probes in 1500 steps, also with 5 s switches)
         return
     # lost probes back off: far fewer probes than one per probe_every steps
     probes = sum(1 for a, b in zip(phases, phases[1:]) if a == "sync" and b == "async")

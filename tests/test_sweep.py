@@ -415,3 +415,17 @@ def test_setting_curves_shade_a_switching_methods_async_stretches(tmp_path):
     plots.plot_setting_curves({"sync": [(0, recs)], "adapipe+predict": [(0, recs)]}, [20.0, 12.0], "pipeline-profiled",
                               "t", path, phases={"adapipe+predict": (0, [(1.0, 3.0), (5.0, 9.0)])})
     assert path.stat().st_size > 0
+
+
+def test_a_sweep_without_an_added_method_saving_last_keeps_it(tmp_path):
+    """Two sweeps into one directory, the second with a method the first lacks: whichever saves
+    last, sweep.json keeps both grids' methods (the report reads them from there)."""
+    from adapipe_cli.sweep.state import SweepState
+
+    d = f"sweep.dir={tmp_path / 'sw'}"
+    first = SweepState(load_grid([*TINY_GRID, d]))
+    SweepState(load_grid([*TINY_GRID, d, "+sweep.methods.extra=['schedule=gpipe']"]))
+    first.save()
+    saved = json.loads((tmp_path / "sw" / "sweep.json").read_text())
+    assert "extra" in saved["methods"] and "extra" in saved["definition"]["methods"]
+    assert set(load_grid([*TINY_GRID, d]).methods) <= set(saved["methods"])

@@ -26,16 +26,18 @@ flat stretch of the loss, as noisy as the belief, is worth little.
 over the time left, ``V(t) = EI(t) x H(t) x step time of the current phase``, H(t) the steps left
 (to ``max_steps``; in a run that stops at a target, whose end is unknown, as many as have passed,
 at most that). It costs
-``C = |mu - 1| x leg x step time of the probed phase`` (the probe runs the phase believed worse)
-plus its two switches (drain and fill, predicted, and the loss jumps measured at the last probe's
-switches). The next probe is at the first t, at least ``window`` steps on, with V(t) >= C: soon
+``C = max(0, m) x leg x step time of the probed phase`` (the probe runs the phase believed worse;
+nothing if the probed phase is believed the better one) plus its two switches (drain and fill,
+predicted, and the loss jumps measured at the last probe's switches). The next probe is at the first t, at least ``window`` steps on, with V(t) >= C: soon
 when the estimate is uncertain or drifts toward break-even (the late phase, where async's
 efficiency falls as the loss flattens), rarely or never when one phase dominates or too little of
 the run remains to profit. The first probe is priced the same way, from the prior
 (:meth:`.Prober.prior_phase`) with a relative spread of ``heuristic.prior_spread``.
 
 **A decisive probe is adopted at once.** At the end of a probe's leg the probe is judged on the
-steps before it and its own steps. If the probed phase wins decisively (at least twice the
+steps before it and those of its own steps observed by then (decisions run ``lag`` steps ahead
+of the observations, so the last ``lag`` steps of the leg are not seen yet: 12 of 20 at depth 8
+with one microbatch). If the probed phase wins decisively (at least twice the
 goodput, beyond the confidence), it stays current at once, without the return leg to the current
 phase that an interpolating verdict needs (which costs a round trip of switches). Otherwise the
 probe goes on as in ``goodput``.
@@ -136,7 +138,8 @@ class Gain(Prober):
         return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / sxx, 1.0 / sxx
 
     def step_times(self, window: list[Observation]) -> dict[str, float]:
-        """Median steady step time of each phase in the window, the simulator's for one not seen."""
+        """Median step time of each phase in the window (fill and drain steps included: the median
+        keeps them from counting much), the simulator's for one not seen."""
         t = {SYNC: self.ctx.sync_step_time, ASYNC: self.ctx.async_step_time}
         for ph in t:
             seen = [o.step_time for o in window if o.phase == ph]
@@ -155,7 +158,9 @@ class Gain(Prober):
         drift = c.drift
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
-        cost = (abs(g - 1.0) * self.leg(probed) * times[probed]
+        # the probe's leg loses only where the probed phase is believed worse (a current phase kept
+        # within the margin may be believed the worse one)
+        cost = (max(0.0, sign * (g - 1.0)) * self.leg(probed) * times[probed]
                 + 2 * ctx.switch_time * rate[current] + self.switch_steps * times[SYNC])
         noise = self.probes[-1][2] if self.probes else 0.0
         stride = max(1, c.window // 3)

@@ -116,6 +116,8 @@ def _check_schedule(cfg) -> None:
           "model.tie_embeddings=true needs a synchronous schedule when pipeline.stages > 1 (the first and last "
           "stage sum their embedding gradients at a flush): use schedule=1f1b, gpipe, zbh1 or zbh2, or untied embeddings")
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
+    for key in ("drift", "prior_spread"):  # spreads: a negative one would be squared into a valid-looking one
+        _need(cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
     if s.name == "adapipe" and cfg.heuristic.name == "fixed":
         try:
             parse_plan(cfg.heuristic.plan)

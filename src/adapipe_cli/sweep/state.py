@@ -79,8 +79,14 @@ class SweepState:
             self.targets = {w: {**old.get(k, {}), **self.targets[w]} for w, k in TARGET_KEYS.items()}
             cells = {c["name"]: c for c in old.get("cells", [])}
             cells.update({c.name: {"name": c.name, "setting": c.setting, **asdict(c)} for c in g.cells()})
+            # methods: the union (a sweep of the grid without an added method may save last)
+            definition = g.definition()
+            old_def = old.get("definition") or {}
+            if extends(old_def, definition):  # the directory's grid has added methods: keep them
+                definition = {**definition, "methods": {**definition["methods"], **old_def["methods"]}}
+            methods = [*g.methods, *(m for m in old.get("methods", []) if m not in g.methods)]
             write_json(self.path, {
-                "name": g.name, "definition": g.definition(), "methods": list(g.methods),
+                "name": g.name, "definition": definition, "methods": methods,
                 "compare": g.cfg.compare, "curves": g.cfg.curves,
                 "cells": list(cells.values()), "profiles": self.profiles,
                 **{k: self.targets[w] for w, k in TARGET_KEYS.items()},

@@ -68,9 +68,12 @@ def test_clock_choices(make_cfg):
 
 
 # -- slow: runs against runs -----------------------------------------------------------------------
-def uniform_profile(tmp_path, stages: int):
+def uniform_profile(tmp_path, stages: int, link: dict | None = None):
     path = tmp_path / "uniform.json"  # a fixed clock: the same decisions on any machine, at any load
-    CostProfile.uniform(stages, forward=0.01, backward=0.02, update=0.001).save(path)
+    prof = CostProfile.uniform(stages, forward=0.01, backward=0.02, update=0.001)
+    if link:
+        prof.link = link
+    prof.save(path)
     return path
 
 
@@ -80,10 +83,12 @@ ADAPIPE = ["schedule=adapipe", "heuristic=goodput", "pipeline.stages=2", "pipeli
 
 
 @pytest.mark.slow  # a dist run of about 10 s
-def test_adapipe_on_dist_takes_the_local_runs_decisions(make_cfg, tmp_path):
+@pytest.mark.parametrize("link", [None, {"latency_s": 1e-3, "bandwidth": 1e9}], ids=["no-link", "link"])
+def test_adapipe_on_dist_takes_the_local_runs_decisions(make_cfg, tmp_path, link):
     """goodput, following the held-out signal, probes async and goes back: two switches, the same
-    on both runtimes, with the same times, signals, losses and evaluations, bitwise."""
-    args = [*ADAPIPE, f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
+    on both runtimes, with the same times, signals, losses and evaluations, bitwise; with a profile
+    that holds a link too (the dist run charges the profile's link, not the one it measures)."""
+    args = [*ADAPIPE, f"pipeline.profile={uniform_profile(tmp_path, 2, link)}"]
     ls = train(make_cfg(*args), tmp_path / "local")
     ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
     local, dist = all_records(tmp_path / "local"), all_records(tmp_path / "dist")

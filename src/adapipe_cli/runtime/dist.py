@@ -49,7 +49,7 @@ from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
 from .. import checkpoint
-from ..simulator.clock import CostProfile
+from ..simulator.clock import CostProfile, LinkModel
 from ..simulator.replay import Replay
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
@@ -178,9 +178,14 @@ class DistRuntime:
             self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
             self.link = link_model(self._collect([f"link/{r}" for r in range(self.p - 1)])) if self.p > 1 else None
             self.profile = spec.profile or self._measured_profile()
+            if self.link and spec.profile is None:  # a given profile keeps its own link (or none), as on local
+                self.profile.link = self.link
             if spec.clock == "profiled":
                 self.clock_name = "pipeline"
-                self.replay = Replay(spec.schedule, self.plan, self.profile, spec.link, list(cfg.schedule.mitigation))
+                # the configured link, else the profile's (the given one's, or the one measured now):
+                # the link a local run given this run's profile.json charges
+                link = LinkModel.choose(spec.link.latency, spec.link.bandwidth, self.profile)
+                self.replay = Replay(spec.schedule, self.plan, self.profile, link, list(cfg.schedule.mitigation))
         except BaseException:
             self.close()
             raise

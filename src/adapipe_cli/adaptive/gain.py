@@ -46,7 +46,6 @@ probe goes on as in ``goodput``.
 from __future__ import annotations
 
 import math
-from statistics import median
 
 from .base import ASYNC, SYNC, Context, Decision, Observation
 from .estimate import fit_rates
@@ -70,12 +69,12 @@ class Gain(Prober):
         # the belief about E: the prior, then a Kalman filter over the probes' estimates
         self.E = self.prior_efficiency()
         self.var = (cfg.prior_spread * self.E) ** 2
-        self.belief_step = max(1, ctx.lr_warmup + cfg.window)
+        first = self.next_probe  # the warm-up and one window (Prober's)
+        self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)
         self.switch_steps = 0.0  # the loss jumps of the last probe's switches, in sync steps of progress
-        first = ctx.lr_warmup + cfg.window
-        g = self.R() * self.E
-        self.next_probe = self.worth_probing(first, first, g, math.sqrt(self.var) * self.R(), self.current, {})
+        R = self.R()
+        self.next_probe = self.worth_probing(first, first, R * self.E, math.sqrt(self.var) * R, self.current, {})
 
     def R(self, window: list[Observation] | None = None) -> float:
         if window:
@@ -102,7 +101,7 @@ class Gain(Prober):
         self.update(step, e_hat, se)
         self.probes.append((step, e_hat * R, se * R))
         self.switch_steps = sum(max(0.0, j) for j in rates.jumps) / rates.sync
-        times = self.step_times(window)
+        times = self.step_times(window, steady=False)
         g, sd = self.E * R, math.sqrt(self.var) * R
         # a switch pays once (drain and fill, and its loss jump) and profits over the rest of the run
         cost = (self.ctx.switch_time + self.switch_steps * times[SYNC]) / max(1e-9, self.horizon(step) * times[current])
@@ -119,7 +118,7 @@ class Gain(Prober):
     def next_interval(self, step: int, window: list[Observation], winner: str, confirmed: bool) -> int:
         R = self.R(window)
         at = self.worth_probing(step, step + self.cfg.window, self.E * R, math.sqrt(self.var) * R, winner,
-                                self.step_times(window))
+                                self.step_times(window, steady=False))
         return at - step
 
     def trend(self) -> tuple[float, float]:
@@ -137,16 +136,6 @@ class Gain(Prober):
             return 0.0, 0.0
         return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / sxx, 1.0 / sxx
 
-    def step_times(self, window: list[Observation]) -> dict[str, float]:
-        """Median step time of each phase in the window (fill and drain steps included: the median
-        keeps them from counting much), the simulator's for one not seen."""
-        t = {SYNC: self.ctx.sync_step_time, ASYNC: self.ctx.async_step_time}
-        for ph in t:
-            seen = [o.step_time for o in window if o.phase == ph]
-            if seen:
-                t[ph] = median(seen)
-        return t
-
     def worth_probing(self, now: int, earliest: int, g: float, se: float, current: str,
                       times: dict[str, float]) -> int:
         """The first step t >= ``earliest`` at which a probe's value V(t) reaches its cost C (see
@@ -155,7 +144,6 @@ class Gain(Prober):
         times = times or {SYNC: ctx.sync_step_time or 1.0, ASYNC: ctx.async_step_time or 1.0}
         probed = other(current)
         b, var_b = self.trend()
-        drift = c.drift
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
         # the probe's leg loses only where the probed phase is believed worse (a current phase kept
@@ -167,7 +155,7 @@ class Gain(Prober):
         for t in range(earliest, ctx.max_steps, stride):
             dt = t - now
             m = sign * (g + b * dt - 1.0)
-            unseen = drift * abs(g) * math.log2(t / max(now, 1))  # scale-free: as much per doubling of the step
+            unseen = c.drift * abs(g) * math.log2(t / max(now, 1))  # scale-free: as much per doubling of the step
             sd2 = se * se + var_b * dt * dt + unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)

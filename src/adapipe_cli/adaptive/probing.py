@@ -138,16 +138,22 @@ class Prober(Heuristic):
         """Steps of a stretch of ``phase`` within a probe: ``probe_steps`` observed after its settling."""
         return self.cfg.probe_steps + self.settle[phase]
 
-    def step_time_ratio(self, window: list[Observation], a: str, b: str) -> float:
-        """Step time of phase ``a`` over that of ``b``: the median over the window's steady steps
-        (those after a full lookahead in one phase: no fill or drain), or the simulator's prediction
-        for the run's cost profile for a phase not seen."""
+    def step_times(self, window: list[Observation], steady: bool = True) -> dict[str, float]:
+        """Each phase's median step time over the window's steady steps (those after a full
+        lookahead in one phase: no fill or drain; with ``steady=False`` every step), or the
+        simulator's prediction for the run's cost profile for a phase not seen."""
         look = self.ctx.lookahead + 1
-        steady = [o for i, o in enumerate(window) if i > look and all(w.phase == o.phase for w in window[i - look:i])]
+        if steady:
+            window = [o for i, o in enumerate(window) if i > look and all(w.phase == o.phase for w in window[i - look:i])]
         t = {}
         for ph, predicted in ((SYNC, self.ctx.sync_step_time), (ASYNC, self.ctx.async_step_time)):
-            seen = [o.step_time for o in steady if o.phase == ph]
+            seen = [o.step_time for o in window if o.phase == ph]
             t[ph] = median(seen) if seen else predicted
+        return t
+
+    def step_time_ratio(self, window: list[Observation], a: str, b: str) -> float:
+        """Step time of phase ``a`` over that of ``b`` (:meth:`step_times`)."""
+        t = self.step_times(window)
         return t[a] / t[b] if t[b] > 0 else 1.0
 
     def judge(self, window: list[Observation], current: str, probed: str) -> tuple[str, str, dict, int]:

@@ -84,9 +84,8 @@ class SweepState:
             old_def = old.get("definition") or {}
             if extends(old_def, definition):  # the directory's grid has added methods: keep them
                 definition = {**definition, "methods": {**definition["methods"], **old_def["methods"]}}
-            methods = [*g.methods, *(m for m in old.get("methods", []) if m not in g.methods)]
             write_json(self.path, {
-                "name": g.name, "definition": definition, "methods": methods,
+                "name": g.name, "definition": definition, "methods": list(definition["methods"]),
                 "compare": g.cfg.compare, "curves": g.cfg.curves,
                 "cells": list(cells.values()), "profiles": self.profiles,
                 **{k: self.targets[w] for w, k in TARGET_KEYS.items()},

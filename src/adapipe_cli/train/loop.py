@@ -207,10 +207,8 @@ class Trainer:
                        snapshots_kept=self.guard.snapshots.maxlen if self.guard.enabled else 0)
         rt = DistRuntime(spec)
         try:
+            # (a profile the workers measured carries the link they measured: DistRuntime puts it there)
             self.profile = given or self._use_profile(rt.profile)
-            if rt.link and given is None:  # measured by the workers at start-up: the simulator's link
-                self.profile.link = rt.link
-                self.profile.save(self.dir / "profile.json")
             # the heuristic's predicted step times on the clock's link (as a local run given this profile)
             self.link = LinkModel.choose(self.cfg.pipeline.link_latency_s, self.cfg.pipeline.link_bandwidth, self.profile)
         except BaseException:

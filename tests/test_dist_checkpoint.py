@@ -112,7 +112,7 @@ def test_local_resume_early_in_a_predicted_stream(tmp_path):
     assert records(cut) == records(whole)
 
 
-@pytest.mark.parametrize("damage", ["missing", "truncated"])
+@pytest.mark.parametrize("damage", [pytest.param("missing", marks=pytest.mark.slow), "truncated"])  # (fast suite: one)
 def test_a_damaged_stage_part_falls_back_to_the_previous_checkpoint(tmp_path, capsys, damage):
     args = [*CASES["pipedream-p4-m1"], *DIST, "train.max_steps=9", "train.checkpoint_every=3",
             "train.keep_checkpoints=5"]

@@ -293,7 +293,7 @@ def test_cli_writes_simulation_json_and_timeline(tmp_path):
 
 @pytest.mark.parametrize("args,words", [
     (["schedule=nonesuch"], "schedule"),
-    (["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs"),
+    pytest.param(["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs", marks=pytest.mark.slow),
 ])
 def test_cli_bad_input_is_one_line(tmp_path, args, words):
     out = adapipe("simulate", *args, f"hydra.run.dir={tmp_path / 'run'}")

@@ -200,6 +200,7 @@ def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatc
         assert runs and any(runs[0].glob("*.wandb"))
 
 
+@pytest.mark.slow  # builds a wheel in a subprocess (about 5 s)
 def test_a_built_wheel_carries_the_configs(tmp_path):
     """A non-editable install finds its configs inside the package (adapipe_cli/conf)."""
     import zipfile

@@ -191,7 +191,6 @@ def test_a_checkpoint_from_before_replicas_resumes_with_one():
 @pytest.mark.parametrize("overrides,message", [
     (["pipeline.replicas=2", "pipeline.microbatches=8"], "not divisible by pipeline.replicas x pipeline.microbatches"),
     (["pipeline.replicas=0"], "pipeline.replicas must be at least 1"),
-    (["pipeline.replicas=2", "pipeline.runtime=dist"], "runs on the local runtime only"),
 ])
 def test_bad_replica_settings_are_one_line_and_exit_2(overrides, message, capsys, tmp_path):
     assert main(["train", *TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}"]) == 2

@@ -75,9 +75,10 @@ def clock_of(clock: str, runtime: str) -> str:
     return DEFAULT_CLOCK[runtime] if clock == "auto" else clock
 
 
-def stage_part(stage: int) -> str:
-    """The name of a distributed run's part holding stage ``stage``'s state."""
-    return f"stage-{stage}"
+def stage_part(stage: int, replica: int = 0) -> str:
+    """The name of a distributed run's part holding stage ``stage``'s state (of replica
+    ``replica`` > 0 with ``pipeline.replicas``: each worker writes its whole own state)."""
+    return f"stage-{stage}" if replica == 0 else f"replica-{replica}-stage-{stage}"
 
 
 def due(train, steps: int, start: int) -> bool:

@@ -47,8 +47,6 @@ def validate(cfg) -> None:
     _need(t.batch_size % (p.replicas * p.microbatches) == 0,
           f"train.batch_size={t.batch_size} is not divisible by pipeline.replicas x pipeline.microbatches="
           f"{p.replicas} x {p.microbatches}: choose a batch size that is a multiple of {p.replicas * p.microbatches}")
-    _need(p.replicas == 1 or p.runtime != "dist",
-          f"pipeline.replicas={p.replicas} runs on the local runtime only: use pipeline.runtime=local (or replicas=1 on dist)")
     _need(p.dp_bandwidth >= 0 and p.dp_latency_s >= 0, "pipeline.dp_bandwidth and pipeline.dp_latency_s must be >= 0")
     _need(t.max_steps >= 1, f"train.max_steps must be positive (got {t.max_steps})")
     _need(t.max_time_s >= 0, f"train.max_time_s must be >= 0 (got {t.max_time_s}; 0 means no limit)")

@@ -6,7 +6,9 @@ the run's spec there and starts one worker per stage (:mod:`.worker`; ``torch.mu
 see :func:`worker_context`), each of which builds only its own stage from the spec. Under ``torchrun`` the board is
 the job's store at MASTER_ADDR:MASTER_PORT, the other ranks' processes are the other workers,
 and the driver (rank 0's process) spawns only stage 0's worker: the driver then never sits in a
-collective, so it can watch, time out and abort the run whatever the workers do.
+collective, so it can watch, time out and abort the run whatever the workers do. With
+``pipeline.replicas`` R, a worker per stage of each replica, R x p ranks (:mod:`.replicas`); a
+"rank" below is one of those, board keys name ranks.
 
 The Trainer drives it through the runtime interface (:class:`.base.Runtime`): ``decide`` writes a phase to the board;
 ``run_step(t)`` opens the gate of ``U(t)`` and waits for every stage's report of step ``t``;
@@ -49,13 +51,14 @@ from omegaconf import OmegaConf
 
 from ..config.validate import ConfigError
 from .. import checkpoint
-from ..simulator.clock import CostProfile, LinkModel
+from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, allreduce_times
 from ..simulator.replay import Replay
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
 from .profile import join_profiles
+from .replicas import where, who
 from .watchdog import Collector, Watchdog
 from .launch import spawn_main, torchrun_env
 
@@ -80,26 +83,32 @@ def worker_context():
 
 def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
     """(backend, device of each rank or None for the default). ``auto``: NCCL when there is a CUDA
-    device for every stage (or, under torchrun, on each rank), gloo on CPUs otherwise."""
+    device for every worker (stages x replicas; or, under torchrun, on each rank), gloo on CPUs
+    otherwise."""
     p = cfg.pipeline
+    n, R = p.stages * p.replicas, p.replicas
     devices = [str(d) for d in p.devices]
-    if devices and len(devices) != p.stages:
-        raise ConfigError(f"pipeline.devices lists {len(devices)} devices for {p.stages} stages: give one per stage")
+    if devices and len(devices) != n:
+        if R == 1:
+            raise ConfigError(f"pipeline.devices lists {len(devices)} devices for {p.stages} stages: give one per stage")
+        raise ConfigError(f"pipeline.devices lists {len(devices)} devices for {p.stages} stages x {R} replicas: give one "
+                          f"per worker, {n}, in rank order (replica r's stage s at r x {p.stages} + s)")
     backend = p.backend
     cuda = torch.cuda.is_available()
     if backend == "auto":
         if devices:
             backend = "nccl" if all(d.startswith("cuda") for d in devices) else "gloo"
         else:
-            backend = "nccl" if cuda and (launched or torch.cuda.device_count() >= p.stages) else "gloo"
+            backend = "nccl" if cuda and (launched or torch.cuda.device_count() >= n) else "gloo"
     if backend == "nccl":
         if not cuda:
             raise ConfigError("pipeline.backend=nccl needs CUDA devices: use pipeline.backend=gloo on CPUs")
         if not devices and not launched:
-            if torch.cuda.device_count() < p.stages:
-                raise ConfigError(f"pipeline.backend=nccl needs a GPU per stage: {torch.cuda.device_count()} for "
-                                  f"{p.stages} stages (use fewer stages, or pipeline.backend=gloo)")
-            devices = [f"cuda:{i}" for i in range(p.stages)]
+            if torch.cuda.device_count() < n:
+                what = f"{p.stages} stages" if R == 1 else f"{p.stages} stages x {R} replicas"
+                raise ConfigError(f"pipeline.backend=nccl needs a GPU per {'stage' if R == 1 else 'worker'}: "
+                                  f"{torch.cuda.device_count()} for {what} (use fewer stages, or pipeline.backend=gloo)")
+            devices = [f"cuda:{i}" for i in range(n)]
         if any(not d.startswith("cuda") for d in devices):
             raise ConfigError(f"pipeline.backend=nccl runs on CUDA devices, not {devices}: list cuda:N devices")
         if not launched and len(set(devices)) < len(devices):
@@ -107,6 +116,16 @@ def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
     elif any(d != "cpu" for d in devices):
         raise ConfigError(f"pipeline.backend=gloo runs on CPUs here, not {devices}: use pipeline.backend=nccl for GPUs")
     return backend, devices or None
+
+
+def worker_name(rank: int, stages: int, replicas: int) -> tuple[str, str]:
+    """A worker's process name and its log's under ``workers/``: ``adapipe-stage{s}`` and
+    ``stage{s}.log``; with replicas ``adapipe-r{r}s{s}`` (ps shows 15 characters) and
+    ``replica{r}-stage{s}.log``."""
+    r, s = where(rank, stages)
+    if replicas <= 1:
+        return f"adapipe-stage{s}", f"stage{s}.log"
+    return f"adapipe-r{r}s{s}", f"replica{r}-stage{s}.log"
 
 
 def link_model(pairs: list[dict]) -> dict:
@@ -118,7 +137,10 @@ def link_model(pairs: list[dict]) -> dict:
 
 
 class DistRuntime:
-    """One worker process per stage (:class:`.base.Runtime`), built from the run's spec."""
+    """One worker process per stage (:class:`.base.Runtime`), built from the run's spec; with
+    ``pipeline.replicas`` R, one per stage of each replica: ``n = R x p`` workers, rank
+    ``r * p + s`` (:func:`.replicas.where`). Steps, evaluations and the clock are replica 0's, but
+    every rank reports and the loss is the mean over the replicas' last stages (as on local)."""
 
     name = "dist"
     backend: str | None = None  # gloo or nccl, chosen at start-up
@@ -130,6 +152,8 @@ class DistRuntime:
     def __init__(self, spec: RunSpec):
         cfg = self.cfg = spec.cfg
         self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
+        self.R = cfg.pipeline.replicas
+        self.n = self.p * self.R  # workers
         self.env = torchrun_env()
         self.backend, devices = choose_backend(cfg, self.env is not None)
         self.max_steps = cfg.train.max_steps
@@ -155,15 +179,16 @@ class DistRuntime:
         self._stopping = threading.RLock()  # the watchdog and the main thread both poll and stop workers
         if self.env is not None:
             world = int(self.env["WORLD_SIZE"])
-            if world != self.p:
-                raise ConfigError(f"torchrun started {world} processes for pipeline.stages={self.p}: "
-                                  f"start one process per stage (nnodes x nproc-per-node = {self.p})")
+            if world != self.n:
+                what = f"pipeline.stages={self.p}" + (f" x pipeline.replicas={self.R}" if self.R > 1 else "")
+                raise ConfigError(f"torchrun started {world} processes for {what}: start one process per "
+                                  f"{'stage' if self.R == 1 else 'stage of each replica'} (nnodes x nproc-per-node = {self.n})")
             host, port, prefix = self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"]), self.env["prefix"]
             self.board = Board(host, port, prefix, server=not self.env["agent_store"])
             local, per_node = [0], int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
         else:
             self.board = Board("127.0.0.1", 0, "adapipe", server=True)
-            local, per_node = list(range(self.p)), self.p
+            local, per_node = list(range(self.n)), self.n
         threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
         self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
                                 "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
@@ -175,7 +200,7 @@ class DistRuntime:
         atexit.register(self._shutdown)  # when close() is never called
         try:
             self._start(local, Path(spec.run_dir) / "workers")
-            self._collect([f"ready/{r}" for r in range(self.p)], max(self.timeout_s, STARTUP_S))
+            self._collect([f"ready/{r}" for r in range(self.n)], max(self.timeout_s, STARTUP_S))
             self.link = link_model(self._collect([f"link/{r}" for r in range(self.p - 1)])) if self.p > 1 else None
             self.profile = spec.profile or self._measured_profile()
             if self.link and spec.profile is None:  # a given profile keeps its own link (or none), as on local
@@ -185,7 +210,11 @@ class DistRuntime:
                 # the configured link, else the profile's (the given one's, or the one measured now):
                 # the link a local run given this run's profile.json charges
                 link = LinkModel.choose(spec.link.latency, spec.link.bandwidth, self.profile)
-                self.replay = Replay(spec.schedule, self.plan, self.profile, link, list(cfg.schedule.mitigation))
+                # with replicas, the ring all-reduce of each stage's parameter bytes before its updates
+                ar = allreduce_times(AllReduceModel(self.R, cfg.pipeline.dp_bandwidth, cfg.pipeline.dp_latency_s),
+                                     [self.profile.stage_bytes(s).params for s in range(self.p)])
+                self.replay = Replay(spec.schedule, self.plan, self.profile, link, list(cfg.schedule.mitigation),
+                                     allreduce=ar)
         except BaseException:
             self.close()
             raise
@@ -202,14 +231,15 @@ class DistRuntime:
         ctx = worker_context()
         if ctx.get_start_method() == "forkserver":
             start_forkserver()
-        self.status = ctx.Array("i", 2 * self.p, lock=False)
+        self.status = ctx.Array("i", 2 * self.n, lock=False)
         log_dir.mkdir(parents=True, exist_ok=True)
         b = self.board
         for r in ranks:
-            self.logs[r] = log_dir / f"stage{r}.log"
-            self.procs[r] = ctx.Process(target=spawn_main, name=f"adapipe-stage{r}", daemon=True,
+            name, log = worker_name(r, self.p, self.R)
+            self.logs[r] = log_dir / log
+            self.procs[r] = ctx.Process(target=spawn_main, name=name, daemon=True,
                                         args=(b.host, b.port, b.prefix, r, self.status, str(self.logs[r]),
-                                              self.timeout_s, dict(os.environ), os.getpid()))
+                                              self.timeout_s, dict(os.environ), os.getpid(), name))
             self.procs[r].start()
         self.watchdog = Watchdog(self)
         self.watchdog.start()
@@ -226,7 +256,7 @@ class DistRuntime:
         self.released = t + 1
         if t > 0:
             self._forget(t - 1)
-        reps = self._collect([f"rep/{t}/{r}" for r in range(self.p)])
+        reps = self._collect([f"rep/{t}/{r}" for r in range(self.n)])
         self.reports.update(enumerate(reps))
         if t in self.eval_steps:
             self.due.append(t + 1)
@@ -259,19 +289,19 @@ class DistRuntime:
         if not checkpoint.due(self.cfg.train, step, self.start):
             self._end("end")
         self.board.put(f"save/{step}", str(folder))
-        keys = [f"part/{step}/{r}" for r in range(self.p)]
+        keys = [f"part/{step}/{r}" for r in range(self.n)]
         entries = self._collect(keys)
         for key in (f"save/{step}", *keys):
             self.board.delete(key)
         bad = [r for r, e in enumerate(entries) if e is None]
         if bad:
             shutil.rmtree(folder, ignore_errors=True)
-            raise TrainingDiverged(checkpoint.refusal(step, bad[0]))
+            raise TrainingDiverged(checkpoint.refusal(step, bad[0] % self.p))
         for r, e in enumerate(entries):  # a worker on another machine writes to its own disk otherwise
             if not (folder / e["file"]).is_file() or (folder / e["file"]).stat().st_size != e["bytes"]:
-                raise ConfigError(f"stage {r} wrote its checkpoint part where the driver cannot read it: under "
-                                  f"torchrun, put the run directory on a filesystem that every node shares")
-        return {checkpoint.stage_part(r): e for r, e in enumerate(entries)}
+                raise ConfigError(f"{who(r, self.p, self.R)} wrote its checkpoint part where the driver cannot read it: "
+                                  f"under torchrun, put the run directory on a filesystem that every node shares")
+        return {self._part_name(r): e for r, e in enumerate(entries)}
 
     def restore_checkpoint(self, folder: Path, manifest: dict, run: dict) -> None:
         """Continue a resumed run whose Trainer state (``run``: its RunState) is restored: the
@@ -286,7 +316,7 @@ class DistRuntime:
 
     def _parts(self, folder: Path, manifest: dict) -> dict[int, str]:
         """The file of each stage's part of a (verified) checkpoint."""
-        names = [checkpoint.stage_part(r) for r in range(self.p)]
+        names = [self._part_name(r) for r in range(self.n)]
         missing = [n for n in names if n not in manifest["parts"]]
         if missing:
             raise ConfigError(f"checkpoint {folder} has no part {missing[0]}: it was not written by this pipeline")
@@ -322,11 +352,11 @@ class DistRuntime:
         if checkpoint.due(self.cfg.train, now, self.start):  # the workers wait for a folder there first
             self.board.put(f"save/{now}", "skip")
         self.board.put(f"go/{now}", "back")
-        self._collect([f"{key}/done/{r}" for r in range(self.p)])
-        stale = [f"go/{now - 1}", f"go/{now}", f"save/{now}", *(f"rep/{now - 1}/{r}" for r in range(self.p)),
+        self._collect([f"{key}/done/{r}" for r in range(self.n)])
+        stale = [f"go/{now - 1}", f"go/{now}", f"save/{now}", *(f"rep/{now - 1}/{r}" for r in range(self.n)),
                  *(f"{k}/{v}" for k in ("signal", "eval") for v in range(to + 1, now + 2)),
                  *(f"phase/{u}" for u in range(len(self.plan.phases), self.max_steps)),
-                 *(f"{key}/{k}/{r}" for k in ("now", "expect", "done") for r in range(self.p))]
+                 *(f"{key}/{k}/{r}" for k in ("now", "expect", "done") for r in range(self.n))]
         for k in stale:
             self.board.delete(k)
         self.board.put(f"{key}/go", True)
@@ -341,7 +371,12 @@ class DistRuntime:
         keys = ("peak_activations", "peak_weight_versions", "peak_param_sets", "peak_grad_sets", "peak_bytes",
                 "peak_param_bytes", "peak_grad_bytes", "peak_activation_bytes", "optimizer_bytes",
                 "peak_rss_mb", "peak_device_mb")
-        return [{"stage": r, "rank": r, **{k: rep[k] for k in keys}} for r, rep in sorted(self.reports.items())]
+        out = []
+        for r, rep in sorted(self.reports.items()):
+            replica, stage = where(r, self.p)
+            out.append({"stage": stage, **({"replica": replica} if self.R > 1 else {}), "rank": r,
+                        **{k: rep[k] for k in keys}})
+        return out
 
     def close(self) -> None:
         """End the run and wait for every worker to finish; when an exception is on its way (or a
@@ -353,7 +388,7 @@ class DistRuntime:
         try:
             if not failing:
                 self._end("end")
-                self._collect([f"done/{r}" for r in range(self.p)])
+                self._collect([f"done/{r}" for r in range(self.n)])
                 self._stop_watchdog()
                 with self._stopping:
                     for proc in self.procs.values():
@@ -368,25 +403,33 @@ class DistRuntime:
         # the time spent writing checkpoints
         paused = max(r["eval_s"] + r["save_s"] for r in reps)
         now = max(self.base + max(r["t_end"] for r in reps) - paused, self.prev_time)
-        busy = sum(r["busy"] for r in reps)
-        if self.replay is not None:  # the pipeline clock: the local runtime's time for this step
-            now, busy = self.replay.run_step(t)
+        busy, devices = sum(r["busy"] for r in reps), self.n
+        if self.replay is not None:  # the pipeline clock: the local runtime's time for this step (replica 0's)
+            (now, busy), devices = self.replay.run_step(t), self.p
         span = now - self.prev_time
-        bubble = 1.0 - (busy - self.prev_busy) / (self.p * span) if span > 0 else float("nan")
+        bubble = 1.0 - (busy - self.prev_busy) / (devices * span) if span > 0 else float("nan")
         self.prev_time, self.prev_busy = now, busy
+        # the loss: the mean over the replicas of their last stage's; the rest is replica 0's (as on local)
+        lasts = [reps[r * self.p + self.p - 1] for r in range(self.R)]
+        losses = [sum(x["losses"]) / max(1, len(x["losses"])) for x in lasts]
+        reps = reps[:self.p]
         delays = [d for r in reps for d in r["delays"]]
         last = reps[-1]
         return StepResult(
-            step=t, phase=self.plan.phases[t], loss=sum(last["losses"]) / max(1, len(last["losses"])), time_s=now,
+            step=t, phase=self.plan.phases[t], loss=sum(losses) / len(losses), time_s=now,
             staleness_mean=sum(delays) / max(1, len(delays)), staleness_max=max(delays, default=0),
             bubble=min(1.0, max(0.0, bubble)) if math.isfinite(bubble) else bubble,
             grad_norm=global_norm([r["grad_sq"] for r in reps]), lr=last["lr"],
             versions_max=max(r["versions"] for r in reps), inflight_max=max(r["inflight"] for r in reps),
             lr_stages=stage_lrs([r["lr_stage"] for r in reps]), param_sets_max=max(r["param_sets"] for r in reps))
 
+    def _part_name(self, rank: int) -> str:
+        replica, stage = where(rank, self.p)
+        return checkpoint.stage_part(stage, replica)
+
     def _forget(self, t: int) -> None:
         """Drop step ``t``'s keys from the board (every stage is past ``U(t)``)."""
-        for key in (f"go/{t}", f"phase/{t}", *(f"rep/{t}/{r}" for r in range(self.p))):
+        for key in (f"go/{t}", f"phase/{t}", *(f"rep/{t}/{r}" for r in range(self.n))):
             self.board.delete(key)
 
     def _end(self, verdict: str) -> None:

@@ -84,9 +84,14 @@ class Board:
         return dist.PrefixStore(f"{self.prefix}/pg", self.store)
 
 
-def build_groups(stages: int, tied: bool) -> dict:
+def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0) -> dict:
     """One process group per channel and direction between each pair of neighbouring stages, and
     the ends' group for tied embeddings. Every rank must call this, in the same order.
+
+    With ``replicas`` R > 1 (ranks ``r * p + s``, :func:`.replicas.where`), every replica has
+    these groups and one of its p stages (``pipeline``, for a sync update's collectives), and
+    every stage one of its R copies (``("dp", s)``, for the gradient all-reduce); the groups of
+    ``replica`` are returned. (With one replica ``pipeline`` is None: the whole world.)
 
     Why this order is deadlock-free, on NCCL too: each group carries messages of one channel in
     one direction only (activations s -> s+1, gradients s+1 -> s, validation activations
@@ -102,17 +107,25 @@ def build_groups(stages: int, tied: bool) -> dict:
     send of an activation and stage s+1's send of a gradient could each wait for the other's
     receive, queued behind them on the same stream.
     """
-    groups: dict = {}
-    for s in range(stages - 1):
-        for channel in CHANNELS:
-            groups[(channel, s)] = dist.new_group([s, s + 1])
-    if tied and stages > 1:
-        groups["ends"] = dist.new_group([0, stages - 1]) if stages > 2 else None
-    return groups
+    mine: dict = {}
+    for r in range(replicas):
+        base, groups = r * stages, {}
+        for s in range(stages - 1):
+            for channel in CHANNELS:
+                groups[(channel, s)] = dist.new_group([base + s, base + s + 1])
+        if tied and stages > 1:
+            groups["ends"] = dist.new_group([base, base + stages - 1]) if stages > 2 else None
+        groups["pipeline"] = dist.new_group(list(range(base, base + stages))) if replicas > 1 else None
+        if r == replica:
+            mine = groups
+    for s in range(stages if replicas > 1 else 0):
+        mine[("dp", s)] = dist.new_group([r * stages + s for r in range(replicas)])
+    return mine
 
 
 class DistTransport:
-    """The :class:`~.transport.Transport` of one worker: stage ``s`` is rank ``s``.
+    """The :class:`~.transport.Transport` of one worker: stage ``s`` is rank ``base + s``
+(``base = replica * p`` with replicas, 0 without).
 
     Shapes are known from the schedule (``shape(channel, key)``), so a message is the tensor alone:
     no metadata travels. A receive takes a buffer of that shape from the channel's pool of
@@ -134,8 +147,10 @@ class DistTransport:
 
     def __init__(self, stage: int, stages: int, groups: dict, shape: Callable[[str, object], tuple],
                  device: torch.device, dtype: torch.dtype = torch.float32,
-                 on_block: Callable[[bool], None] | None = None, ahead: bool = False, window: int = 64):
+                 on_block: Callable[[bool], None] | None = None, ahead: bool = False, window: int = 64,
+                 base: int = 0):
         self.s, self.p, self.groups, self.shape = stage, stages, groups, shape
+        self.base = base  # the global rank of this replica's stage 0
         self.device, self.dtype = device, dtype
         self.on_block = on_block or (lambda blocked: None)
         self.sends: dict[str, deque[tuple[dist.Work, torch.Tensor]]] = {c: deque() for c in CHANNELS}
@@ -155,7 +170,7 @@ class DistTransport:
         pending = self.sends[channel]
         while pending and (len(pending) >= self.window or pending[0][0].is_completed()):
             self._blocking(pending.popleft()[0].wait)  # (gloo: done long ago, returns at once)
-        pending.append((dist.isend(tensor, dst, group=self._group(channel, src, dst)), tensor))
+        pending.append((dist.isend(tensor, self.base + dst, group=self._group(channel, src, dst)), tensor))
 
     def ready(self, channel: str, src: int, dst: int, key) -> bool:
         return True  # a receive blocks until its message arrives
@@ -178,7 +193,7 @@ class DistTransport:
         shape = tuple(self.shape(channel, key))
         free = self.free.get((channel, shape))
         buf = free.pop() if free else torch.empty(shape, dtype=self.dtype, device=self.device)
-        return dist.irecv(buf, src, group=self._group(channel, src, dst)), buf
+        return dist.irecv(buf, self.base + src, group=self._group(channel, src, dst)), buf
 
     def measure_link(self, numel: int, rounds: int = 20) -> dict | None:
         """Latency and bandwidth of the link to the next stage, from a ping-pong before training:
@@ -190,7 +205,7 @@ class DistTransport:
         for peer in (self.s - 1, self.s + 1):
             if not 0 <= peer < self.p:
                 continue
-            group = self._group("act", self.s, peer)
+            group, rank = self._group("act", self.s, peer), self.base + peer
             times = []
             for n in (1, max(1, numel)):
                 x = torch.zeros(n, dtype=self.dtype, device=self.device)
@@ -198,11 +213,11 @@ class DistTransport:
                 for _ in range(rounds + 2):  # (the first two warm the connection up)
                     t0 = time.perf_counter()
                     if peer > self.s:
-                        dist.send(x, peer, group=group)
-                        dist.recv(x, peer, group=group)
+                        dist.send(x, rank, group=group)
+                        dist.recv(x, rank, group=group)
                     else:
-                        dist.recv(x, peer, group=group)
-                        dist.send(x, peer, group=group)
+                        dist.recv(x, rank, group=group)
+                        dist.send(x, rank, group=group)
                     if self.device.type == "cuda":
                         torch.cuda.synchronize(self.device)
                     rt.append(time.perf_counter() - t0)
@@ -223,7 +238,8 @@ class DistTransport:
     def reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """Element-wise sum over ``group``, added in stage order (all_gather, then a sum), so that
         the result is bitwise the local runtime's whatever the number of stages."""
-        pg = None if len(group) == self.p else self.groups["ends"]
+        whole = len(group) == self.p
+        pg = self.groups.get("pipeline") if whole else self.groups["ends"]
         out = []
         for t in tensors:
             flat = t.reshape(-1).to(self.device).contiguous()  # (NCCL: device tensors only)
@@ -233,7 +249,7 @@ class DistTransport:
             for x in parts[1:]:
                 acc.add_(x)
             out.append(acc.reshape(t.shape).to(t.device))
-        if pg is None:  # every stage is here: every message sent before it has been received
+        if whole:  # every stage is here: every message sent before it has been received
             for pending in self.sends.values():
                 while pending:
                     pending.popleft()[0].wait()
@@ -250,3 +266,34 @@ class DistTransport:
 
     def pending_sends(self) -> int:
         return sum(len(q) for q in self.sends.values())
+
+
+class DistAllReduce:
+    """The transport of a stage's gradient all-reduce across its R copies (``("dp", s)`` of
+    :func:`build_groups`, :class:`.replicas.ReplicaGroup`): one all_gather of the whole gradient,
+    flattened, then the sum in replica order, so that every copy gets the local emulation's bits
+    (:class:`.transport.LocalTransport`). An all_gather moves ``(R-1) n`` bytes per rank where a ring
+    all-reduce moves ``2 (R-1)/R n``: the same at R=2. Its wait is not busy time (``via``'s wait_s)."""
+
+    def __init__(self, group, via: DistTransport):
+        self.group, self.via = group, via
+
+    def post_reduce(self, key: tuple, index: int, members: tuple[int, ...], tensors: list[torch.Tensor]) -> None:
+        pass  # the collective runs in reduce()
+
+    def reduce_ready(self, key: tuple, members: tuple[int, ...]) -> bool:
+        return True
+
+    def reduce(self, key: tuple, index: int, members: tuple[int, ...], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        dev = self.via.device
+        flat = torch.cat([t.reshape(-1) for t in tensors]).to(dev)  # (NCCL: device tensors only)
+        parts = [torch.empty_like(flat) for _ in members]
+        self.via._blocking(lambda: dist.all_gather(parts, flat, group=self.group))
+        acc = parts[0]
+        for x in parts[1:]:
+            acc.add_(x)
+        out, i = [], 0
+        for t in tensors:
+            out.append(acc[i:i + t.numel()].view(t.shape).to(t.device))
+            i += t.numel()
+        return out

@@ -1,6 +1,7 @@
-"""Fault injection, for tests: ``ADAPIPE_FAULT=STAGE:STEP:KIND[,...]`` makes stage STAGE, right
-before its update of step STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit``
-with status 3, or ``hang`` (sleep for an hour)."""
+"""Fault injection, for tests: ``ADAPIPE_FAULT=RANK:STEP:KIND[,...]`` makes the worker of rank
+RANK (stage RANK; with replicas, rank ``replica * p + stage``), right before its update of step
+STEP, ``raise`` an exception, ``kill`` itself with SIGKILL, ``exit`` with status 3, or ``hang``
+(sleep for an hour)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,13 @@ import time
 
 
 def inject_fault(rank: int, step: int) -> None:
-    """Apply ``ADAPIPE_FAULT`` (see above) before ``U(step)`` of stage ``rank``."""
+    """Apply ``ADAPIPE_FAULT`` (see above) before ``U(step)`` of the worker of rank ``rank``."""
     spec = os.environ.get("ADAPIPE_FAULT")
     if not spec:
         return
     for item in spec.split(","):
-        stage, at, kind = item.split(":")
-        if int(stage) != rank or int(at) != step:
+        who, at, kind = item.split(":")
+        if int(who) != rank or int(at) != step:
             continue
         if kind == "raise":
             raise RuntimeError(f"injected fault at step {step}")

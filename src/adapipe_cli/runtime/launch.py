@@ -21,6 +21,11 @@ from .lifeline import die_with_parent, set_name, watch_driver
 from .worker import Ended, Status, Worker
 
 
+def workers(pipeline: dict) -> int:
+    """The world size of a dist run: ``pipeline.stages x pipeline.replicas``."""
+    return int(pipeline["stages"]) * int(pipeline.get("replicas", 1))
+
+
 def torchrun_env() -> dict | None:
     """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT when launched by torchrun (or an
     equivalent launcher), else None."""
@@ -69,7 +74,7 @@ def serve(board: Board, rank: int, local_rank: int, status: Status, spec_timeout
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(spec["backend"], store=board.process_group_store(), rank=rank,
-                                world_size=spec["config"]["pipeline"]["stages"],
+                                world_size=workers(spec["config"]["pipeline"]),
                                 timeout=datetime.timedelta(seconds=spec["timeout_s"] + 60),
                                 device_id=device if device.type == "cuda" else None)
         Worker(board, spec, rank, device, status).run()
@@ -82,7 +87,7 @@ def serve(board: Board, rank: int, local_rank: int, status: Status, spec_timeout
 
 
 def spawn_main(host: str, port: int, prefix: str, rank: int, status_array, log_path: str | None, timeout_s: float,
-               environ: dict, driver: int) -> None:
+               environ: dict, driver: int, name: str | None = None) -> None:
     """Entry point of a worker started by the driver (process ``driver``, see
     :func:`..dist.worker_context`); it ends when the driver's process ends (:mod:`.lifeline`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
@@ -90,7 +95,7 @@ def spawn_main(host: str, port: int, prefix: str, rank: int, status_array, log_p
     watch_driver(driver)
     os.environ.clear()
     os.environ.update(environ)
-    set_name(f"adapipe-stage{rank}")
+    set_name(name or f"adapipe-stage{rank}")
     if log_path:  # C++ warnings and tracebacks go to the run directory, not the driver's terminal
         fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
@@ -122,10 +127,10 @@ def torchrun_main(timeout_s: float, spec_timeout_s: float = 3600.0) -> NoReturn:
         report_error(board, rank, e)
         code = 1
     if code == 0:
-        print(f"adapipe: rank {rank}: stage {rank} done", file=sys.stderr)
+        print(f"adapipe: rank {rank} done", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-__all__ = ["spawn_main", "torchrun_main", "torchrun_env", "one_line", "report_error"]
+__all__ = ["spawn_main", "torchrun_main", "torchrun_env", "one_line", "report_error", "workers"]

@@ -31,7 +31,7 @@ from .. import checkpoint
 from .base import StepResult, global_norm, stage_lrs
 from .device import synchronize
 from .errors import TrainingDiverged
-from .replicas import ReplicaGroup
+from .replicas import ReplicaGroup, replica_seed
 from .stage import StageExecutor
 from .transport import LocalTransport
 from .walk import walk
@@ -94,7 +94,7 @@ class LocalRuntime:
         self.replica_executors = [
             [StageExecutor(s, self.p, self.m, r.stages[s], r.optimizers[s], self.transports[i], r.batch, r.policy,
                            self.replica_programs[i][s], grad_clip=grad_clip,
-                           seed=seed + i * 1_000_033,  # (replicas draw their own dropout masks)
+                           seed=replica_seed(seed, i),
                            tied=tied, nbytes=profile.stage_bytes(s) if profile else None, precision=precision,
                            dp=ReplicaGroup(s, i, self.R, self.dp))
              for s in range(self.p)]

@@ -32,10 +32,27 @@ class ReplicaGroup:
         return ("dp", self.stage, step)
 
 
+def replica_seed(seed: int, replica: int) -> int:
+    """The seed of replica ``replica``'s stage executors: each replica draws its own dropout masks."""
+    return seed + replica * 1_000_033
+
+
+def where(rank: int, stages: int) -> tuple[int, int]:
+    """(replica, stage) of a dist worker: rank ``replica * p + stage``, so that a pipeline's p
+    stages are consecutive ranks (on one node under torchrun when p divides nproc-per-node)."""
+    return divmod(rank, stages)
+
+
+def who(rank: int, stages: int, replicas: int) -> str:
+    """How a message names a worker: ``stage S (rank N)``, ``stage S of replica R (rank N)``."""
+    r, s = where(rank, stages)
+    return f"stage {s} (rank {rank})" if replicas <= 1 else f"stage {s} of replica {r} (rank {rank})"
+
+
 def replica_batch(batch, replica: int, microbatches: int):
     """Replica ``replica``'s microbatch ``i`` of a step: share ``replica * m + i`` of ``batch``,
     a batch function cut into ``R x m`` microbatches (replica r holds the r-th contiguous R-th)."""
     return lambda step, i: batch(step, replica * microbatches + i)
 
 
-__all__ = ["ReplicaGroup", "replica_batch"]
+__all__ = ["ReplicaGroup", "replica_batch", "replica_seed", "where", "who"]

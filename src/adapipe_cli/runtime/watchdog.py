@@ -17,6 +17,7 @@ import threading
 import time
 
 from .dist_transport import Board
+from .replicas import who
 from .worker import COMPUTING, STATE_NAMES
 
 PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|communicator was aborted",
@@ -123,7 +124,7 @@ class Watchdog(threading.Thread):
         exit) before a reported exception, before a neighbour's lost connection."""
         time.sleep(0.3)  # let the consequences (neighbours losing their peer) arrive too
         found, codes = [], self.rt.exitcodes()
-        for r in range(self.rt.p):
+        for r in range(self.rt.n):
             if self.board.has(f"error/{r}"):
                 e = self.board.get(f"error/{r}")
                 found.append((2 if PEER_LOST.search(e["message"]) else 1, e["time"], r, f"failed: {e['message']}"))
@@ -131,7 +132,7 @@ class Watchdog(threading.Thread):
                 found.append((0, 0.0, r, _death(codes[r])))
         _, _, r, cause = min(found)
         log = self.rt.logs.get(r)
-        return f"stage {r} (rank {r}) {cause}" + (f" (log: {log})" if log else "")
+        return f"{self._who(r)} {cause}" + (f" (log: {log})" if log else "")
 
     def _stalled(self) -> str | None:
         waiting = self.rt.waiting
@@ -155,10 +156,13 @@ class Watchdog(threading.Thread):
         busy = [r for r in rt.procs if st[2 * r] == COMPUTING]
         if len(busy) == 1:  # one stage computes while the others wait for it
             r = busy[0]
-            return f"stage {r} (rank {r}) {what}: stuck at step {st[2 * r + 1]} while the other stages wait for it"
+            return f"{self._who(r)} {what}: stuck at step {st[2 * r + 1]} while the other stages wait for it"
         r = _rank_of(missing[0], rt.p) if missing else 0
-        states = ", ".join(f"stage {q} {STATE_NAMES[st[2 * q]]}" for q in sorted(rt.procs))
-        return f"stage {r} (rank {r}) {what} waiting for {missing[0] if missing else 'the workers'} ({states})"
+        states = ", ".join(f"{self._who(q).split(' (')[0]} {STATE_NAMES[st[2 * q]]}" for q in sorted(rt.procs))
+        return f"{self._who(r)} {what} waiting for {missing[0] if missing else 'the workers'} ({states})"
+
+    def _who(self, rank: int) -> str:
+        return who(rank, self.rt.p, self.rt.R)
 
 
 def _rank_of(key: str, stages: int) -> int:

@@ -76,8 +76,9 @@ from omegaconf import OmegaConf
 
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
 from .. import checkpoint
-from .dist_transport import ENDINGS, Board, DistTransport, build_groups
+from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
 from .faults import inject_fault
+from .replicas import ReplicaGroup, replica_batch, replica_seed, where
 from .stage import StageExecutor
 
 STARTING, COMPUTING, WAIT_PEER, WAIT_DRIVER, FINISHED = range(5)
@@ -160,7 +161,11 @@ class EvalOrder:
 
 
 class Worker:
-    """Stage ``rank`` of the run described by ``spec`` (see :class:`..dist.DistRuntime`)."""
+    """Rank ``rank`` of the run described by ``spec`` (see :class:`..dist.DistRuntime`): stage
+    ``s`` of replica ``r``, ``rank = r * p + s`` (:func:`.replicas.where`; ``r = 0`` without
+    replicas). Board keys name the rank; the transport and the executor the stage. Every replica
+    evaluates (the replicas hold the same weights), replica 0 reports the losses; replica 0 alone
+    measures the cost profile and the link."""
 
     def __init__(self, board: Board, spec: dict, rank: int, device: torch.device, status: Status):
         from ..data import build_data
@@ -168,8 +173,11 @@ class Worker:
 
         self.board, self.rank, self.device, self.status = board, rank, device, status
         cfg = self.cfg = OmegaConf.create(spec["config"])
-        p, m = cfg.pipeline.stages, cfg.pipeline.microbatches
-        self.p, self.last = p, rank == p - 1
+        p, m, R = cfg.pipeline.stages, cfg.pipeline.microbatches, cfg.pipeline.get("replicas", 1)
+        self.replica, self.stage = where(rank, p)
+        s = self.stage
+        self.p, self.last = p, s == p - 1
+        self.reporter = self.replica == 0  # puts the losses of evaluations and of the held-out signal
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(cfg.seed)
         data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
@@ -178,9 +186,9 @@ class Worker:
         eval_steps = set(spec["eval_steps"])
         self.eval_at = eval_steps.__contains__
         self.plan = BoardPlan(cfg.train.max_steps, board, status)
-        (module,), (opt,) = build.make_stages(cfg, gcfg, which=[rank])
+        (module,), (opt,) = build.make_stages(cfg, gcfg, which=[s])
         module.to(device)
-        micro = cfg.train.batch_size // m
+        micro = cfg.train.batch_size // (m * R)  # a replica's microbatch
         val = [(x.to(device), y.to(device)) for x, y in data.val_batches(micro)]
         rows = spec.get("signal_rows")  # the held-out batch whose loss the heuristic follows, or None
         self.signal = tuple(z.to(device) for z in data.val_batches(rows)[0]) if rows else None
@@ -194,16 +202,20 @@ class Worker:
             return (micro, T, d)
 
         tied = cfg.model.tie_embeddings and p > 1
-        self.transport = DistTransport(rank, p, build_groups(p, tied), shape, device, ahead=spec["backend"] == "gloo",
+        groups = build_groups(p, tied, R, self.replica)
+        self.transport = DistTransport(s, p, groups, shape, device, ahead=spec["backend"] == "gloo",
                                        on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING),
-                                       window=m + 2 * p + len(val) + 1)  # (above any schedule's sends in flight)
+                                       window=m + 2 * p + len(val) + 1,  # (above any schedule's sends in flight)
+                                       base=self.replica * p)
+        dp = ReplicaGroup(s, self.replica, R, DistAllReduce(groups[("dp", s)], self.transport)) if R > 1 else None
         self.act_numel = micro * T * d
-        batches = build.Batches(data, cfg.train.batch_size, m)
+        # R x m microbatches per step; this replica's are shares r*m .. r*m + m - 1 (as on the local runtime)
+        batches = replica_batch(build.Batches(data, cfg.train.batch_size, m * R), self.replica, m)
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
-        self.program = StageProgram(rank, choice.spec, self.plan, self.eval_at)
-        self.ex = StageExecutor(rank, p, m, module, opt, self.transport, batch, build.make_policy(cfg, self.plan),
-                                self.program, grad_clip=cfg.optim.grad_clip, seed=cfg.seed, tied=tied,
-                                precision=cfg.train.get("precision", "fp32"))
+        self.program = StageProgram(s, choice.spec, self.plan, self.eval_at)
+        self.ex = StageExecutor(s, p, m, module, opt, self.transport, batch, build.make_policy(cfg, self.plan),
+                                self.program, grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
+                                tied=tied, precision=cfg.train.get("precision", "fp32"), dp=dp)
         self.ex.val = val
         self.order = EvalOrder(self.program, self.eval_at)
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
@@ -215,7 +227,7 @@ class Worker:
         self.part = spec["parts"][rank] if spec["parts"] else None  # this stage's part of that checkpoint
         self.snapshots: dict[int, dict] = {}  # steps -> this stage's state at the gate of U(steps) (the guard's)
         self.keep = spec.get("snapshots_kept", 0)
-        if spec.get("measure"):  # the cost profile of this stage, measured here, on this device
+        if spec.get("measure") and self.reporter:  # the cost profile of this stage, measured here, on this device
             x, y = batch(0, 0)
             prof = build.measure_stage_profile(cfg, [module], x, y, warn=lambda line: None)
             prof.meta["device"] = str(device)
@@ -225,7 +237,7 @@ class Worker:
     def run(self) -> None:
         self.board.put(f"ready/{self.rank}", os.getpid())
         # before the restore, which waits for the driver, who waits for this (see DistRuntime.link)
-        link = self.transport.measure_link(self.act_numel)
+        link = self.transport.measure_link(self.act_numel) if self.replica == 0 else None
         if link is not None:
             self.board.put(f"link/{self.rank}", link)
         resend = self._restore(self.part) if self.part is not None else []
@@ -260,7 +272,7 @@ class Worker:
                 if verdict == "back":
                     continue
                 if verdict not in ENDINGS:
-                    raise RuntimeError(f"stage {self.rank}: the driver released step {self.ex.live} after the end of the plan")
+                    raise RuntimeError(f"rank {self.rank}: the driver released step {self.ex.live} after the end of the plan")
                 return verdict
             self.status.set(COMPUTING, a.step)
             if a.kind == UPDATE:
@@ -299,13 +311,15 @@ class Worker:
     def _execute(self, a: Action) -> None:
         t0, w0 = time.perf_counter(), self.transport.wait_s
         if not self.ex.ready(a):  # a synchronous update runs its collectives here
-            raise RuntimeError(f"stage {self.rank}: {a} not ready on a blocking transport")
+            raise RuntimeError(f"rank {self.rank}: {a} not ready on a blocking transport")
         self.ex.run(a)
         dt = time.perf_counter() - t0
         if a.kind == EVAL:
             self.eval_s += dt
             if self.last:
-                self.board.put(f"eval/{a.version}", self.ex.eval_losses.pop(a.version))
+                losses = self.ex.eval_losses.pop(a.version)
+                if self.reporter:
+                    self.board.put(f"eval/{a.version}", losses)
         else:
             self.busy += dt - (self.transport.wait_s - w0)
         if a.kind == UPDATE:
@@ -322,12 +336,14 @@ class Worker:
         every stage runs ``S(v)`` after ``U(v - 1)`` and ``E(v)`` after it, before ``U(v)``.)"""
         t0 = time.perf_counter()
         ex, (x, y) = self.ex, self.signal
-        h = x if ex.first else self.transport.recv("eval", self.rank - 1, self.rank, (version, SIGNAL))
+        s = self.stage
+        h = x if ex.first else self.transport.recv("eval", s - 1, s, (version, SIGNAL))
         out = ex.eval_forward(version, h)
         if self.last:
-            self.board.put(f"signal/{version}", ex._loss(out, y).item())
+            if self.reporter:
+                self.board.put(f"signal/{version}", ex._loss(out, y).item())
         else:
-            self.transport.send("eval", self.rank, self.rank + 1, (version, SIGNAL), out.float())
+            self.transport.send("eval", s, s + 1, (version, SIGNAL), out.float())
         self.eval_s += time.perf_counter() - t0
 
     # -- the divergence guard ------------------------------------------------------------------
@@ -347,25 +363,25 @@ class Worker:
         n = self.board.get("back")
         order = self.board.get(f"back/{n}")
         to, key = order["to"], f"back/{n}"
-        ex, r = self.ex, self.rank
+        ex, r, s = self.ex, self.rank, self.stage  # (board keys name ranks; a replica's neighbours are r +- 1)
         self.board.put(f"{key}/now/{r}", {"forwarded": self.program.next_f,
                                           "tables": {mb: rec.table is not None for mb, rec in ex.inflight.items()}})
-        if r > 0:  # the previous stage's activations that this one has not taken: drop them
+        if s > 0:  # the previous stage's activations that this one has not taken: drop them
             prev = self.board.get(f"{key}/now/{r - 1}")
             for mb in range(self.program.next_f, prev["forwarded"]):
-                self.transport.recv("act", r - 1, r, mb)
+                self.transport.recv("act", s - 1, s, mb)
                 if prev["tables"].get(mb):
-                    self.transport.recv("actn", r - 1, r, mb)
+                    self.transport.recv("actn", s - 1, s, mb)
         snap = self.snapshots[to]
         for steps in [k for k in self.snapshots if k > to]:  # the driver drops these too
             del self.snapshots[steps]
         self.plan.phases[:] = order["phases"]
-        self.program = StageProgram(r, self.program.spec, self.plan, self.eval_at)
+        self.program = StageProgram(s, self.program.spec, self.plan, self.eval_at)
         ex.load_state_dict(copy.deepcopy(snap["executor"]), self.program)  # (kept: a second rollback may need it)
         self.order = EvalOrder(self.program, self.eval_at)
         self.order.done.update(range(to + 1))  # E(v) for v <= to ran before the snapshot's gate
         forwarded = snap["forwarded"]
-        if r > 0:
+        if s > 0:
             self.board.put(f"{key}/expect/{r}", forwarded)
         if not self.last:
             first = self.board.get(f"{key}/expect/{r + 1}")
@@ -392,7 +408,7 @@ class Worker:
         entry = None
         if checkpoint.finite(state["params"]):
             part = {"step": step, "executor": state, "forwarded": self.program.next_f}  # microbatches forwarded so far
-            entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.rank), part)
+            entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.stage, self.replica), part)
         self.board.put(f"part/{step}/{self.rank}", entry)
 
     def _restore(self, path: str) -> list[int]:
@@ -401,7 +417,7 @@ class Worker:
         not received at the cut (see the module docstring)."""
         part = torch.load(path, map_location=self.device, weights_only=False)
         if part["step"] != self.start:
-            raise RuntimeError(f"stage {self.rank}: {path} holds step {part['step']}, not {self.start}")
+            raise RuntimeError(f"rank {self.rank}: {path} holds step {part['step']}, not {self.start}")
         self.status.set(WAIT_DRIVER)
         self.plan.phases[:] = self.board.get("resume/phases")  # decided before the checkpoint, restored by the driver
         self.status.set(COMPUTING)
@@ -410,14 +426,14 @@ class Worker:
         # every evaluation of a version <= start ran before the cut, and the driver has its loss
         self.order.done.update(range(self.start + 1))
         forwarded = part["forwarded"]
-        if self.rank > 0:
+        if self.stage > 0:
             self.board.put(f"resume/expect/{self.rank}", forwarded)
         if self.last:
             return []
         first = self.board.get(f"resume/expect/{self.rank + 1}")
         missing = [mb for mb in range(first, forwarded) if mb not in self.ex.inflight]
         if missing:
-            raise RuntimeError(f"stage {self.rank}: microbatches {missing} crossed the cut but are not in flight")
+            raise RuntimeError(f"rank {self.rank}: microbatches {missing} crossed the cut but are not in flight")
         return list(range(first, forwarded))
 
     def _report(self, step: int) -> None:

@@ -75,13 +75,14 @@ def method_label(cfg) -> str:
 
 
 def runtime_kind(cfg) -> str:
-    """``local`` or ``dist``: ``auto`` picks dist when there is a CUDA device for every stage."""
+    """``local`` or ``dist``: ``auto`` picks dist when there is a CUDA device for every worker
+    (stage of each replica)."""
     if cfg.pipeline.runtime != "auto":
         return cfg.pipeline.runtime
-    # (the dist runtime holds one chunk per worker, and one replica)
-    if cfg.schedule.name == "interleaved" or cfg.pipeline.replicas > 1:
+    if cfg.schedule.name == "interleaved":  # (the dist runtime holds one chunk per worker)
         return "local"
-    return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= cfg.pipeline.stages else "local"
+    workers = cfg.pipeline.stages * cfg.pipeline.replicas
+    return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "local"
 
 
 class Trainer:

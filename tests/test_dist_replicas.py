@@ -6,14 +6,19 @@ ranks, and the bad settings that are refused in one line."""
 
 from __future__ import annotations
 
-import json
+import os
+import re
+import signal
+import time
 
 import pytest
 
 from adapipe_cli.config import ConfigError
-from adapipe_cli.runtime.dist import choose_backend, worker_name
+from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, worker_name
 from adapipe_cli.runtime.replicas import where, who
-from test_dist import SWITCHES, local_and_dist
+from adapipe_cli.train.loop import train
+from procs import alive, comm, descendants, records
+from test_dist import SWITCHES, Run, error_line, local_and_dist
 
 R2 = ["pipeline.replicas=2", "pipeline.stages=2", "pipeline.microbatches=2"]
 
@@ -63,3 +68,42 @@ def test_devices_are_one_per_worker(make_cfg):
     assert choose_backend(cfg, launched=False) == ("gloo", ["cpu"] * 4)
     with pytest.raises(ConfigError, match=r"give one per worker, 4, in rank order"):
         choose_backend(make_cfg(*R2, "pipeline.devices=[cpu,cpu]"), launched=False)
+
+
+# -- faults ------------------------------------------------------------------------------------
+FAULTY = [*R2, "pipeline.runtime=dist", "train.max_steps=3000", "train.eval_every=1000"]
+
+
+def replica_workers_alive() -> list[int]:
+    return [p for p in descendants(os.getpid()) if comm(p).startswith("adapipe-r") and alive(p)]
+
+
+@pytest.mark.slow  # 4 worker processes started in the test's process
+@pytest.mark.parametrize("rank,kind,cause", [(3, "kill", "stage 1 of replica 1 (rank 3) died: killed by signal SIGKILL"),
+                                             (2, "raise", "stage 0 of replica 1 (rank 2) failed: RuntimeError: injected")])
+def test_a_failing_worker_of_a_replica_ends_the_run(make_cfg, tmp_path, monkeypatch, rank, kind, cause):
+    monkeypatch.setenv("ADAPIPE_FAULT", f"{rank}:6:{kind}")
+    with pytest.raises(WorkerFailed, match="^" + re.escape(cause)):
+        train(make_cfg(*FAULTY[:-2], "train.max_steps=30", "train.eval_every=10"), tmp_path)
+    assert len(records(tmp_path)[0]) == 6  # steps 0..5: no replica updated step 6
+    assert not replica_workers_alive()
+
+
+@pytest.mark.slow
+def test_a_worker_of_a_replica_killed_from_outside_ends_the_run_with_no_process_left(tmp_path):
+    """SIGKILL to replica 1's stage 0 while the run trains: the driver exits 1 in one line that
+    names the stage, the replica and the rank, and no worker (of either replica), forkserver or
+    resource tracker is left."""
+    run = Run(tmp_path, *FAULTY[:3])
+    run.wait_for(lambda: run.steps() >= 3)
+    victims = [p for p in run.seen if comm(p) == "adapipe-r1s0"]
+    assert len(victims) == 1 and len([p for p in run.seen if comm(p).startswith("adapipe-r")]) == 4
+    os.kill(victims[0], signal.SIGKILL)
+    killed = time.monotonic()
+    code, err = run.finish()
+    assert time.monotonic() - killed < 10
+    assert code == 1
+    line = error_line(err)
+    assert "stage 0 of replica 1 (rank 2) died: killed by signal SIGKILL" in line
+    assert "replica1-stage0.log" in line
+    run.assert_no_process_left(least=5)

@@ -28,6 +28,7 @@ STREAMS = [  # (e0, e1, span): what each stands for
     ((0.9, 0.6, 800), "async dominates: 1.8x to 1.2x"),
     ((0.4, 0.2, 800), "sync dominates: 0.8x to 0.4x"),
     ((0.7, 0.7, 1), "async dominates, constant: 1.4x"),
+    ((0.3, 0.8, 600), "rising: 0.6x at first, 1.6x late (sync early, async late)"),
 ]
 METHODS = ["sync", "async", "rate", "goodput", "gain"]
 

@@ -323,11 +323,29 @@ def test_gain_belief_is_a_kalman_filter_over_the_probes():
     (drift E log2(s2/s1))^2, then weighs the estimate by precision (written out by hand)."""
     h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_spread=0.5, drift=0.25)
     assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(0.09), 30)  # (0.5 x 0.6)^2; warm-up 0 + window
-    h.update(120, 0.8, 0.1)  # two doublings: widened by (0.25 x 0.6 x 2)^2 = 0.09
+    h.update(120, 0.8, 0.1, R=2.0)  # two doublings: widened by (0.25 x 0.6 x 2)^2 = 0.09 (E above 1/R)
     k = 0.18 / (0.18 + 0.01)
     assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * 0.18) and h.belief_step == 120
-    h.update(120, 0.2, 1e9)  # a useless probe changes nothing
+    h.update(120, 0.2, 1e9, R=2.0)  # a useless probe changes nothing
     assert h.E == pytest.approx(0.6 + k * 0.2, rel=1e-6)
+    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.25 x 0.5)^2
+    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_spread=0.5, drift=0.25)
+    h.update(60, 0.3, 0.1, R=2.0)
+    k = (0.01 + 0.125 ** 2) / (0.01 + 0.125 ** 2 + 0.01)
+    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (0.01 + 0.125 ** 2))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_gain_returns_to_a_phase_that_was_far_behind(seed):
+    """Async 0.6x sync's progress per second at first, 1.6x late (sync early, async late, as AdamW
+    at depth 4 with one microbatch): an early probe finds async far behind, yet gain probes it again
+    as the belief widens and ends in async, faster than sync."""
+    h = heuristic("gain", start="auto")
+    h.ctx.max_steps, h.ctx.extra["open_ended"] = 4000, True
+    env = Crossing(0.3, 0.8, 600, seed=seed)
+    phases, settled = drive(h, env, 1200)
+    assert "sync" in phases[:200] and settled[-1] == "async"
+    assert time_to("gain", Crossing(0.3, 0.8, 600, seed=seed), 1.3) < time_to("sync", Crossing(0.3, 0.8, 600, seed=seed), 1.3)
 
 
 @pytest.mark.parametrize("name", ["goodput", "gain"])

@@ -9,12 +9,15 @@ async G. Running the worse phase for a time T loses ``|G - 1| T``. After a verdi
 heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
 
     mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps (0 before two)
-    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta G_s log2(t / s))^2
+    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta max(G_s, 1) log2(t / s))^2
 
 ``se_s`` the standard error of the smoothed estimate, ``delta`` = ``heuristic.drift`` the
 relative drift that no trend shows, per doubling of the step: training changes as much between
 steps 100 and 200 as between 1000 and 2000, so without news the belief widens with log-time and
-the probes of a dominated phase come at about geometric intervals. A probe at t switches only if the other phase is better, so it
+the probes of a dominated phase come at about geometric intervals. The drift is relative to G or
+to break-even, whichever is larger: relative to G alone, an async phase found far behind early
+(G = 0.3, as AdamW's stale gradients at the start of training) could never drift back to 1 and
+would not be probed again, however much its efficiency rose. A probe at t switches only if the other phase is better, so it
 is worth its expected improvement (the normal's partial expectation beyond break-even),
 
     EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
@@ -81,10 +84,11 @@ class Gain(Prober):
             return self.step_time_ratio(window, SYNC, ASYNC)
         return self.ctx.sync_step_time / self.ctx.async_step_time if self.ctx.async_step_time > 0 else 1.0
 
-    def update(self, step: int, e_hat: float, se: float) -> None:
-        """One Kalman step: the belief widens by the unseen drift since the last probe (relative
-        ``drift`` per doubling of the step), then takes in the probe's estimate by its precision."""
-        widen = self.cfg.drift * abs(self.E) * math.log2(max(step, 1) / self.belief_step)
+    def update(self, step: int, e_hat: float, se: float, R: float) -> None:
+        """One Kalman step: the belief widens by the unseen drift since the last probe (``drift``
+        per doubling of the step, relative to E or to break-even 1/R, whichever is larger), then
+        takes in the probe's estimate by its precision."""
+        widen = self.cfg.drift * max(abs(self.E), 1.0 / R) * math.log2(max(step, 1) / self.belief_step)
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = self.E + k * (e_hat - self.E), (1 - k) * prior_var, max(step, 1)
@@ -98,7 +102,7 @@ class Gain(Prober):
             return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, UNCLEAR
         step = window[-1].step
         e_hat, se = rates.async_ / rates.sync, rates.diff_se / rates.sync
-        self.update(step, e_hat, se)
+        self.update(step, e_hat, se, R)
         self.probes.append((step, e_hat * R, se * R))
         self.switch_steps = sum(max(0.0, j) for j in rates.jumps) / rates.sync
         times = self.step_times(window, steady=False)
@@ -155,7 +159,9 @@ class Gain(Prober):
         for t in range(earliest, ctx.max_steps, stride):
             dt = t - now
             m = sign * (g + b * dt - 1.0)
-            unseen = c.drift * abs(g) * math.log2(t / max(now, 1))  # scale-free: as much per doubling of the step
+            # scale-free: as much per doubling of the step, relative to G or to break-even (1),
+            # whichever is larger: a phase far behind can still come back
+            unseen = c.drift * max(abs(g), 1.0) * math.log2(t / max(now, 1))
             sd2 = se * se + var_b * dt * dt + unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)

@@ -12,6 +12,7 @@ import signal
 import time
 
 import pytest
+import torch
 
 from adapipe_cli.config import ConfigError
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, worker_name
@@ -107,3 +108,66 @@ def test_a_worker_of_a_replica_killed_from_outside_ends_the_run_with_no_process_
     assert "stage 0 of replica 1 (rank 2) died: killed by signal SIGKILL" in line
     assert "replica1-stage0.log" in line
     run.assert_no_process_left(least=5)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+@pytest.mark.slow  # three runs of 4 worker processes
+def test_dist_replicas_resume_gives_the_uninterrupted_run(tmp_path):
+    """Each worker writes its own part (replica 0's ``stage-S``, the others' ``replica-R-stage-S``);
+    a run resumed after step 3 (an async stream: activations in flight in both replicas cross the
+    cut) and after step 6 (sync) gives the whole run's numbers, which are the local emulation's."""
+    from adapipe_cli import checkpoint
+    from adapipe_cli.cli.main import main
+    from conftest import TINY
+    from procs import cut_at
+
+    args = [*TINY, *R2, "schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[async,5],[sync,2],[async,null]]",
+            "train.max_steps=10", "train.checkpoint_every=3", "train.eval_every=5", "train.keep_checkpoints=5"]
+    whole, local = tmp_path / "whole", tmp_path / "local"
+    assert main(["train", *args, "pipeline.runtime=dist", "pipeline.timeout_s=60", f"hydra.run.dir={whole}"]) == 0
+    assert main(["train", *args, f"hydra.run.dir={local}"]) == 0
+    assert records(whole) == records(local)
+    folder = whole / "checkpoints" / "step-0000003"
+    manifest = checkpoint.verify(folder)
+    assert set(manifest["parts"]) == {"trainer", "stage-0", "stage-1", "replica-1-stage-0", "replica-1-stage-1"}
+    for name in ("stage-", "replica-1-stage-"):  # activations in flight from stage 0 to stage 1 at the cut
+        fwd = [torch.load(folder / f"{name}{s}.pt", weights_only=False)["forwarded"] for s in (0, 1)]
+        assert fwd[0] > fwd[1], name
+    for k in (3, 6):
+        cut = cut_at(whole, tmp_path / f"cut{k}", k)
+        assert main(["train", f"train.resume={cut}"]) == 0
+        assert records(cut) == records(whole), f"resumed after step {k}"
+
+
+# -- AdaPipe on the pipeline clock -------------------------------------------------------------
+@pytest.mark.slow  # two runs of 4 worker processes
+def test_adapipe_with_replicas_takes_the_local_runs_decisions(make_cfg, tmp_path):
+    """goodput on the profiled clock, with the all-reduce on it (pipeline.dp_bandwidth): the same
+    switches at the same steps in every replica, the same times, signals and losses, bitwise."""
+    from test_dist_adapipe import ADAPIPE, all_records, uniform_profile
+
+    args = [*ADAPIPE, "pipeline.replicas=2", "pipeline.dp_bandwidth=2e6", "pipeline.dp_latency_s=1e-3",
+            f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
+    ls = train(make_cfg(*args), tmp_path / "local")
+    ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    assert all_records(tmp_path / "dist") == all_records(tmp_path / "local")
+    assert ls["switches"] == ds["switches"] >= 2 and ds["time_s"] == ls["time_s"]
+    no_ar = train(make_cfg(*args[:-3], args[-1]), tmp_path / "free")
+    assert ls["time_s"] > no_ar["time_s"]  # (the all-reduce is on the clock)
+
+
+@pytest.mark.slow
+def test_a_guard_rollback_with_replicas_is_the_local_one(make_cfg, tmp_path, monkeypatch):
+    """A NaN at step 17: every worker of both replicas goes back to its snapshot, and the run
+    replays the local emulation's trajectory."""
+    from adapipe_cli.runtime.dist import DistRuntime
+    from adapipe_cli.runtime.local import LocalRuntime
+    from test_dist_adapipe import GUARDED, all_records, inject_nan, uniform_profile
+
+    args = [*GUARDED, "pipeline.replicas=2", "pipeline.clock=profiled", f"pipeline.profile={uniform_profile(tmp_path, 3)}"]
+    inject_nan(monkeypatch, LocalRuntime, 17)
+    inject_nan(monkeypatch, DistRuntime, 17)
+    ls = train(make_cfg(*args), tmp_path / "local")
+    ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    assert all_records(tmp_path / "dist") == all_records(tmp_path / "local")
+    assert ls["guard_events"] == ds["guard_events"] == 1 and ds["steps"] == 30

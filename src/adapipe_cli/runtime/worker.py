@@ -235,6 +235,8 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
+        if self.reporter:  # the bytes this stage all-reduces across replicas (the pipeline clock's)
+            self.board.put(f"grad_bytes/{self.stage}", float(sum(q.numel() * q.element_size() for q in self.ex.params)))
         self.board.put(f"ready/{self.rank}", os.getpid())
         # before the restore, which waits for the driver, who waits for this (see DistRuntime.link)
         link = self.transport.measure_link(self.act_numel) if self.replica == 0 else None

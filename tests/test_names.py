@@ -9,7 +9,7 @@ import json
 import pytest
 
 from adapipe_cli.cli.main import main
-from adapipe_cli.train.loop import method_label
+from adapipe_cli.train.summary import method_label
 from conftest import TINY
 
 

@@ -71,7 +71,7 @@ def _torchrun_rank(cfg) -> int | None:
     """This process's rank when torchrun (or a launcher setting the same variables) started it,
     else None; under torchrun the run must be distributed."""
     from ..runtime.launch import torchrun_env
-    from ..train.loop import runtime_kind
+    from ..train.setup import runtime_kind
 
     env = torchrun_env()
     if env is None:

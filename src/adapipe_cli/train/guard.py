@@ -1,7 +1,7 @@
 """The divergence guard: an async phase that blows up is rolled back instead of ending the run.
 
 Every ``heuristic.guard_every`` good steps the training loop keeps the whole run's state in
-memory. A step of an async phase whose loss is not finite, or exceeds ``guard_factor`` times the
+memory (:mod:`.rollback` takes and restores it; this module decides when, and which). A step of an async phase whose loss is not finite, or exceeds ``guard_factor`` times the
 running average of recent losses (an EMA, ``a <- 0.9 a + 0.1 loss``, over accepted steps), trips
 the guard: the loop restores the last good state, runs sync for ``guard_cooldown`` steps and
 records the event. The time spent on the discarded steps stays on the clock: a rollback is not
@@ -34,6 +34,19 @@ class DivergenceGuard:
         the steps up to g + lag were decided before g's state was kept, so a rollback to it would
         replay them unchanged."""
         return next((s for s in reversed(self.snapshots) if s[0] + lag < step), None)
+
+    def keep(self, step: int, state) -> None:
+        """Keep ``state``, the run after step ``step``, as the newest good one (the oldest goes)."""
+        self.snapshots.append((step, state))
+
+    def restore_point(self, step: int, lag: int):
+        """The snapshot (g, state) a rollback of step ``step`` goes back to (:meth:`usable`), every
+        later one dropped (they led here); None when there is none."""
+        kept = self.usable(step, lag)
+        if kept is not None:
+            while self.snapshots and self.snapshots[-1][0] > kept[0]:
+                self.snapshots.pop()
+        return kept
 
     def check(self, phase: str, loss: float) -> str | None:
         """Why the step must be rolled back, or None if it is accepted."""

@@ -1,0 +1,44 @@
+"""The divergence guard's rollback: back to the last good state, then replay.
+
+A step the guard trips (:meth:`.guard.DivergenceGuard.check`) is not accepted: the run goes back to
+the newest snapshot at least ``lag`` steps older (the phases decided since then are replayed
+unchanged), the metrics written after it are cut off, the time of the discarded steps stays on
+the clock (``RunState.offset``) and the next ``heuristic.guard_cooldown`` undecided steps are sync.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from ..runtime.base import StepResult
+from ..runtime.errors import TrainingDiverged
+from .state import RunState
+
+
+class Rollback:
+    """The guard's snapshots and rollback (a mixin of :class:`.loop.Trainer`, on
+    :class:`.state.RunStates`' state)."""
+
+    def _keep_snapshot(self, step: int) -> None:
+        """Keep the run after step ``step`` (a good one) for a later rollback."""
+        self.guard.keep(step, copy.deepcopy(self._full_state()))
+
+    def _rollback(self, step: int, res: StepResult, reason: str) -> int:
+        """Restore the last good state after step ``step`` tripped the guard; returns the next step."""
+        kept = self.guard.restore_point(step, self.lag)
+        if kept is None:
+            raise TrainingDiverged(f"training diverged at step {step} ({reason}) with no good state to go back to: "
+                                   f"lower optim.lr or schedule.async_lr_scale")
+        good, state = kept
+        lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
+        run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
+        self._load_state(copy.deepcopy(state))
+        self.st = RunState(**copy.deepcopy(run))
+        self.st.offset += lost
+        self.st.forced_until = self.plan.decided() + self.guard.cooldown
+        self.guard.events += 1
+        self.log.truncate(state["trainer"]["lines"])
+        self.log.write({"kind": "event", "event": "guard", "step": step, "restored_step": good + 1, "reason": reason,
+                        "lost_time_s": lost, "sync_until_step": self.st.forced_until})
+        self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
+        return good + 1

@@ -1,0 +1,118 @@
+"""What a run reports about itself: its name in the field's words, its lines in ``metrics.jsonl``,
+``summary.json`` (the final metrics), the first and last lines it prints, and its plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..runtime.base import Runtime, StepResult
+from ..schedules import SYNC
+from .plots import plot_curves, plot_phases
+from .state import RunState
+
+
+def async_label(schedule) -> str:
+    """The published name of the async schedule a config runs (``schedule=pipedream``/``2bw``, or
+    adapipe's ``schedule.async``), with every mitigation named: ``pipedream`` (PipeDream, weight
+    stashing), ``pipedream-latest``, ``2bw`` (PipeDream-2BW), ``pipedream+predict``, ..."""
+    s = schedule
+    base = s["async"] if s.name == "adapipe" else s.name
+    name = "2bw" if base == "2bw" else ("pipedream" if s.weights == "stash" else f"pipedream-{s.weights}")
+    return name + "".join(f"+{x}" for x in s.mitigation)
+
+
+def method_label(cfg) -> str:
+    """What a run is, in the field's names, wherever it shows (run log, summary.json, plots):
+    ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(1f1b/pipedream+predict)``
+    (AdaPipe: its heuristic, then the sync and async schedules it switches between)."""
+    s = cfg.schedule
+    if s.name in ("pipedream", "2bw"):
+        return async_label(s)
+    if s.name == "adapipe":
+        return f"adapipe-{cfg.heuristic.name}({s.sync}/{async_label(s)})"
+    return s.name
+
+
+def first_line(cfg, runtime: Runtime, clock: str, device, data: str) -> str:
+    """``adapipe: runtime=local backend=none clock=pipeline (profiled) device=cpu ... data=...``"""
+    rt, t = runtime, cfg.train
+    return (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
+            f"({clock}) "
+            + (f"device={device} " if rt.name == "local" else "") + f"precision={t.precision} "
+            f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
+            + (f"replicas={cfg.pipeline.replicas} " if cfg.pipeline.replicas > 1 else "") +
+            f"schedule={method_label(cfg)} model={cfg.model.name} data={data}")
+
+
+def step_record(r: StepResult, time_s: float, tokens: int, wall: float) -> dict:
+    """A step's line in ``metrics.jsonl``."""
+    return {"kind": "step", "step": r.step, "phase": r.phase, "loss": r.loss, "lr": r.lr, "tokens": tokens,
+            "time_s": time_s, "wall_s": wall, "staleness": r.staleness_mean, "staleness_max": r.staleness_max,
+            "bubble": r.bubble, "grad_norm": r.grad_norm, "weight_versions": r.versions_max,
+            "param_sets": r.param_sets_max, "activations": r.inflight_max,
+            **({"lr_stages": r.lr_stages} if r.lr_stages else {})}
+
+
+def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall: float, *, runtime: Runtime,
+                clock: str, device, phase: str | None, ctx, min_ppl: float | None) -> dict:
+    """``summary.json`` of a finished run: ``records`` and ``evals`` as written to ``metrics.jsonl``,
+    ``st`` the loop's final state, ``phase`` a plain schedule's one phase (None: adapipe), ``ctx`` the
+    heuristic's context (its predicted step times); time in a phase is the sum of its steps'
+    ``time_s`` increments, ``async_fraction`` = async time / ``time_s``."""
+    t = cfg.train
+    steps = [r for r in records if r.get("kind") == "step"]
+    phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
+    prev = 0.0
+    for r in steps:
+        phases[r["phase"]]["steps"] += 1
+        phases[r["phase"]]["time_s"] += r["time_s"] - prev
+        prev = r["time_s"]
+    reached = [e for e in evals if t.target_ppl and e["val_ppl"] <= t.target_ppl]
+    final = evals[-1]
+    state = {"steps": st.steps, "tokens": st.tokens, "stopped": st.stopped}
+    total = st.time_s
+    return {
+        "method": method_label(cfg), "schedule": cfg.schedule.name,
+        # the schedule each phase ran as (adapipe: both; a plain schedule: its one phase)
+        "phase_schedules": {"sync": cfg.schedule.sync if cfg.schedule.name == "adapipe" else
+                            (cfg.schedule.name if phase == SYNC else None),
+                            "async": async_label(cfg.schedule) if phase != SYNC else None},
+        "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
+        "runtime": runtime.name, "backend": runtime.backend, "clock": runtime.clock_name,
+        "clock_mode": clock,
+        "device": str(device) if runtime.name == "local" else None, "precision": t.precision,
+        "model": cfg.model.name, "data": cfg.data.name, "optimizer": cfg.optim.name,
+        "stages": cfg.pipeline.stages, "microbatches": cfg.pipeline.microbatches, "replicas": cfg.pipeline.replicas,
+        "batch_size": t.batch_size, "seq_len": cfg.model.block_size, "seed": cfg.seed,
+        "steps": state["steps"], "tokens": state["tokens"], "time_s": total, "wall_s": wall,
+        "tokens_per_s": state["tokens"] / total if total > 0 else None,
+        "final_val_loss": final["val_loss"], "final_val_ppl": final["val_ppl"],
+        "best_val_ppl": min(e["val_ppl"] for e in evals),
+        "target_ppl": t.target_ppl,
+        "time_to_target_s": reached[0]["time_s"] if reached else None,
+        "step_to_target": reached[0]["step"] if reached else None,
+        "min_ppl": min_ppl,
+        "phases": phases, "async_fraction": phases["async"]["time_s"] / total if total > 0 else 0.0,
+        "switches": sum(1 for r in records if r.get("event") == "switch"),
+        "guard_events": sum(1 for r in records if r.get("event") == "guard"),
+        "predicted": {"sync_step_time": ctx.sync_step_time, "async_step_time": ctx.async_step_time,
+                      "switch_time": ctx.switch_time},
+        "memory": runtime.memory(),
+        "stopped": state["stopped"], "completed": True,
+    }
+
+
+def final_line(summary: dict) -> str:
+    """``final val ppl 5.123 after 200 steps (12.34s pipeline time, time to ppl 6: 8.90s)``"""
+    ttt = summary["time_to_target_s"]
+    target = f", time to ppl {summary['target_ppl']:g}: {ttt:.2f}s" if ttt is not None else ""
+    return (f"final val ppl {summary['final_val_ppl']:.3f} after {summary['steps']} steps "
+            f"({summary['time_s']:.2f}s {summary['clock']} time{target})")
+
+
+def plot_run(cfg, clock: str, records: list[dict], folder: Path) -> None:
+    """``curves.png`` and ``phases.png`` (one span if no switch) of a run in ``folder``."""
+    title = f"{method_label(cfg)}, p={cfg.pipeline.stages}, m={cfg.pipeline.microbatches}"
+    axis = "wall" if clock == "wall" else f"pipeline-{clock}"
+    plot_curves(records, folder / "curves.png", cfg.train.target_ppl, axis, title)
+    plot_phases(records, folder / "phases.png", cfg.train.target_ppl, axis, title)

@@ -6,6 +6,7 @@ ranks, and the bad settings that are refused in one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,8 +17,9 @@ import torch
 
 from adapipe_cli.config import ConfigError
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, worker_name
-from adapipe_cli.runtime.replicas import where, who
+from adapipe_cli.runtime.replicas import split_pipelines, where, who
 from adapipe_cli.train.loop import train
+from conftest import TINY
 from procs import alive, comm, descendants, records
 from test_dist import SWITCHES, Run, error_line, local_and_dist
 
@@ -118,7 +120,6 @@ def test_dist_replicas_resume_gives_the_uninterrupted_run(tmp_path):
     cut) and after step 6 (sync) gives the whole run's numbers, which are the local emulation's."""
     from adapipe_cli import checkpoint
     from adapipe_cli.cli.main import main
-    from conftest import TINY
     from procs import cut_at
 
     args = [*TINY, *R2, "schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[async,5],[sync,2],[async,null]]",
@@ -171,3 +172,44 @@ def test_a_guard_rollback_with_replicas_is_the_local_one(make_cfg, tmp_path, mon
     ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
     assert all_records(tmp_path / "dist") == all_records(tmp_path / "local")
     assert ls["guard_events"] == ds["guard_events"] == 1 and ds["steps"] == 30
+
+
+# -- torchrun across nodes -----------------------------------------------------------------------
+def test_a_pipeline_spans_nodes_only_when_the_ranks_force_it():
+    assert split_pipelines(2, 4, per_node=4) == []  # 2 pipelines per node
+    assert split_pipelines(2, 3, per_node=3) == [1]  # ranks 0-2 | 3-5: replica 1 is ranks 2, 3
+    assert split_pipelines(4, 2, per_node=2) == [0, 1]  # a pipeline needs two nodes whatever the order
+    assert split_pipelines(3, 1, per_node=8) == []
+
+
+def test_torchrun_needs_a_process_per_stage_of_each_replica(make_cfg, tmp_path, monkeypatch):
+    for k, v in dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match=r"torchrun started 2 processes for pipeline.stages=2 x pipeline.replicas=2: "
+                                          r".*nnodes x nproc-per-node = 4"):
+        train(make_cfg(*R2, "pipeline.runtime=dist"), tmp_path)
+
+
+@pytest.mark.slow  # two torchrun agents of 2 processes each, about a minute on 2 busy cores
+def test_torchrun_on_two_nodes_keeps_each_replica_on_one_node(make_cfg, tmp_path):
+    """Two torchrun agents on this machine play two nodes (--nnodes 2 --nproc-per-node 2): each
+    replica's pipeline is on one node, the dp all-reduce crosses them, and the run gives the local
+    emulation's numbers."""
+    import subprocess
+    import sys
+
+    from procs import ENV
+
+    train(make_cfg(*R2), tmp_path / "local")
+    port = 29400 + os.getpid() % 500
+    cmd = lambda node: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",  # noqa: E731
+                        "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                        "-m", "adapipe_cli.cli.main", "train", *TINY, *R2, "pipeline.runtime=dist",
+                        "pipeline.timeout_s=60", f"hydra.run.dir={tmp_path / 'torchrun'}"]
+    nodes = [subprocess.Popen(cmd(n), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
+    outs = [p.communicate(timeout=300) for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs
+    assert records(tmp_path / "torchrun") == records(tmp_path / "local")
+    summary = json.loads((tmp_path / "torchrun" / "summary.json").read_text())
+    assert [(m["replica"], m["stage"], m["node"]) for m in summary["memory"]] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    assert "span nodes" not in outs[0][1]

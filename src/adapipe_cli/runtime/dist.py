@@ -58,7 +58,7 @@ from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
 from .profile import join_profiles
-from .replicas import where, who
+from .replicas import split_pipelines, where, who
 from .watchdog import Collector, Watchdog
 from .launch import spawn_main, torchrun_env
 
@@ -186,6 +186,11 @@ class DistRuntime:
             host, port, prefix = self.env["MASTER_ADDR"], int(self.env["MASTER_PORT"]), self.env["prefix"]
             self.board = Board(host, port, prefix, server=not self.env["agent_store"])
             local, per_node = [0], int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            split = split_pipelines(self.p, self.R, per_node) if world > per_node else []
+            if split:  # (allowed: the ranks cannot keep every pipeline on one node)
+                print(f"adapipe: warning: nproc-per-node={per_node} is not a multiple of pipeline.stages={self.p}: "
+                      f"the stages of replica{'s' if len(split) > 1 else ''} {', '.join(map(str, split))} span nodes "
+                      f"(their activations cross the network)", file=sys.stderr)
         else:
             self.board = Board("127.0.0.1", 0, "adapipe", server=True)
             local, per_node = list(range(self.n)), self.n
@@ -375,7 +380,7 @@ class DistRuntime:
         for r, rep in sorted(self.reports.items()):
             replica, stage = where(r, self.p)
             out.append({"stage": stage, **({"replica": replica} if self.R > 1 else {}), "rank": r,
-                        **{k: rep[k] for k in keys}})
+                        **({"node": rep["node"]} if self.env is not None else {}), **{k: rep[k] for k in keys}})
         return out
 
     def close(self) -> None:

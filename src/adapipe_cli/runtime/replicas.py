@@ -43,6 +43,13 @@ def where(rank: int, stages: int) -> tuple[int, int]:
     return divmod(rank, stages)
 
 
+def split_pipelines(stages: int, replicas: int, per_node: int) -> list[int]:
+    """The replicas whose stages :func:`where` puts on more than one node, when torchrun gives
+    each node ``per_node`` consecutive ranks: none when ``per_node`` is a multiple of p; when p is
+    a multiple of ``per_node`` every pipeline spans p / per_node nodes, the fewest it can."""
+    return [r for r in range(replicas) if (r * stages) // per_node != (r * stages + stages - 1) // per_node]
+
+
 def who(rank: int, stages: int, replicas: int) -> str:
     """How a message names a worker: ``stage S (rank N)``, ``stage S of replica R (rank N)``."""
     r, s = where(rank, stages)
@@ -55,4 +62,4 @@ def replica_batch(batch, replica: int, microbatches: int):
     return lambda step, i: batch(step, replica * microbatches + i)
 
 
-__all__ = ["ReplicaGroup", "replica_batch", "replica_seed", "where", "who"]
+__all__ = ["ReplicaGroup", "replica_batch", "replica_seed", "split_pipelines", "where", "who"]

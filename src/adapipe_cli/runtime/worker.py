@@ -445,6 +445,7 @@ class Worker:
         st, ex, cuda = self.ex.take_stats(step), self.ex, self.device.type == "cuda"
         self.board.put(f"rep/{step}/{self.rank}", {
             "t_end": end, "eval_s": self.eval_s, "save_s": self.save_s,
+            "node": int(os.environ.get("GROUP_RANK", "0")),  # torchrun's index of this worker's node
             "busy": float("nan") if cuda else self.busy,
             "wait_peer_s": self.transport.wait_s, "wait_driver_s": self.gate_s + self.plan.wait_s,
             "delays": st.delays, "grad_sq": st.grad_sq, "lr": st.lr, "lr_stage": st.lr_stage, "losses": st.losses,

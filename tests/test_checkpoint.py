@@ -203,6 +203,58 @@ def test_resume_refuses_another_cost_profile(tmp_path, capsys):
     assert main(["train", f"train.resume={d}", f"pipeline.profile={same}"]) == 0  # the same numbers elsewhere
 
 
+@pytest.mark.slow
+def test_resume_refuses_a_profile_with_another_link(tmp_path, capsys):
+    """The profiled clock charges the link a profile holds: the same numbers with another link, or
+    none, are another clock (a hand-made pair of profiles; the same link elsewhere resumes)."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    paths = {name: tmp_path / f"{name}.json" for name in ("linked", "moved", "slower", "none")}
+    links = {"linked": {"latency_s": 1e-3, "bandwidth": 1e8}, "moved": {"latency_s": 1e-3, "bandwidth": 1e8},
+             "slower": {"latency_s": 1e-3, "bandwidth": 5e7}, "none": {}}
+    for name, path in paths.items():
+        prof = CostProfile.uniform(2, 1e-3, 2e-3, 1e-4, act_bytes=4096.0)
+        prof.link = links[name]
+        prof.save(path)
+    d = tmp_path / "run"
+    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2",
+               f"pipeline.profile={paths['linked']}") == 0
+    before = {p: p.stat().st_mtime_ns for p in d.rglob("*")}
+    for name in ("slower", "none"):
+        capsys.readouterr()
+        assert main(["train", f"train.resume={d}", f"pipeline.profile={paths[name]}"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and (f"the link between stages (latency, bandwidth) in the cost profile of "
+                                  f"pipeline.profile={paths[name]} differs from the checkpoint's") in err[0], err
+    assert {p: p.stat().st_mtime_ns for p in d.rglob("*")} == before  # a refused resume changes nothing
+    assert main(["train", f"train.resume={d}", f"pipeline.profile={paths['moved']}"]) == 0
+
+
+def test_a_profile_with_another_link_is_another_clock(make_cfg):
+    """The same numbers with another link, or none, are refused in one line that names the link; a
+    checkpoint written before the link had its own fingerprint is compared on the rest only."""
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.train import fingerprint
+
+    def profile(link: dict) -> CostProfile:
+        prof = CostProfile.uniform(2, 1e-3, 2e-3, 1e-4, act_bytes=4096.0)
+        prof.link = link
+        return prof
+
+    linked = fingerprint.profile_fingerprints(profile({"latency_s": 1e-3, "bandwidth": 1e8}))
+    assert fingerprint.profile_fingerprints(profile({"latency_s": 1e-3, "bandwidth": 1e8})) == linked
+    cfg = make_cfg("pipeline.profile=/x/slower.json")
+    for link in ({"latency_s": 1e-3, "bandwidth": 5e7}, {"latency_s": 2e-3, "bandwidth": 1e8}, {}):
+        now = fingerprint.profile_fingerprints(profile(link))
+        assert now[fingerprint.PROFILE] == linked[fingerprint.PROFILE]
+        line = fingerprint.refusal(cfg, "CK", {"fingerprints": linked}, now)
+        assert line == ("checkpoint CK ran on another clock: the link between stages (latency, bandwidth) in the cost "
+                        "profile of pipeline.profile=/x/slower.json differs from the checkpoint's; resume with the "
+                        "profile the run used (its profile.json)")
+        assert fingerprint.refusal(cfg, "CK", {"fingerprints": {fingerprint.PROFILE: linked[fingerprint.PROFILE]}},
+                                   now) is None  # (an older checkpoint)
+
+
 def test_resume_refuses_another_thread_count(tmp_path, capsys):
     d = tmp_path / "run"
     assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0

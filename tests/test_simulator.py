@@ -156,7 +156,7 @@ def test_a_measured_link_survives_save_and_load_but_not_the_fingerprint(tmp_path
     prof.link = {"latency_s": 1e-4, "bandwidth": 1e9}
     prof.save(tmp_path / "profile.json")
     assert CostProfile.load(tmp_path / "profile.json").link == prof.link
-    assert profile_fingerprint(prof) == before  # measured anew at each start: a resume is not refused for it
+    assert profile_fingerprint(prof) == before  # (the link has a fingerprint of its own: fingerprint.LINK)
 
 
 # -- cost profiles -----------------------------------------------------------------------------------

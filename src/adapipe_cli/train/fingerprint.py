@@ -6,7 +6,10 @@ A checkpoint's manifest records SHA-256 fingerprints of
   every setting that shapes it are covered), or the synthetic source's transition table;
 - ``validation data``: the validation set's tokens;
 - ``cost profile``: the numbers of the pipeline clock's cost profile (its ``meta``, how and where it
-  was measured, left out).
+  was measured, left out);
+- ``profile link``: the link between stages the profile holds (``link``: latency and bandwidth, as a
+  dist run measured it; none is a value too), which the profiled clock charges. A fingerprint of its
+  own, so that a checkpoint written before it was recorded still resumes.
 
 So a file may move (``data.path``, ``data.train``, ``data.valid`` and ``pipeline.profile`` are free
 keys when the checkpoint has fingerprints) but not change.
@@ -21,7 +24,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-TRAIN, VALID, PROFILE = "train data", "validation data", "cost profile"
+TRAIN, VALID, PROFILE, LINK = "train data", "validation data", "cost profile", "profile link"
 
 
 def _sha(*arrays) -> str:
@@ -47,21 +50,31 @@ def data_fingerprints(data) -> dict[str, str]:
 
 
 def profile_fingerprint(profile) -> str:
-    """SHA-256 of a cost profile's numbers (every field but ``meta`` and ``link``, which a
-    distributed run measures anew at every start)."""
+    """SHA-256 of a cost profile's numbers (every field but ``meta`` and ``link``, which has its own:
+    :func:`link_fingerprint`)."""
     numbers = {k: v for k, v in asdict(profile).items() if k not in ("meta", "link")}
     return hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()
 
 
+def link_fingerprint(profile) -> str:
+    """SHA-256 of the link a cost profile holds (``{}`` when it holds none)."""
+    return hashlib.sha256(json.dumps(profile.link or {}, sort_keys=True).encode()).hexdigest()
+
+
+def profile_fingerprints(profile) -> dict[str, str]:
+    """{cost profile, profile link: SHA-256} of the run's cost profile."""
+    return {PROFILE: profile_fingerprint(profile), LINK: link_fingerprint(profile)}
+
+
 def first_change(saved: dict, now: dict) -> str | None:
     """The first fingerprint that ``saved`` (a manifest's) has and ``now`` differs in, or None."""
-    return next((k for k in (TRAIN, VALID, PROFILE) if k in saved and k in now and saved[k] != now[k]), None)
+    return next((k for k in (TRAIN, VALID, PROFILE, LINK) if k in saved and k in now and saved[k] != now[k]), None)
 
 
 def where(cfg, kind: str) -> str:
     """The config keys that gave ``kind``, for the user's line: ``data.train=FILE``, ``pipeline.profile=FILE``."""
     d = cfg.data
-    if kind == PROFILE:
+    if kind in (PROFILE, LINK):
         return f"pipeline.profile={cfg.pipeline.profile}" if cfg.pipeline.profile else "the run's profile.json"
     key = "train" if kind == TRAIN else "valid"
     if d.get(key):
@@ -80,5 +93,9 @@ def refusal(cfg, folder, manifest: dict, now: dict) -> str | None:
     if changed == PROFILE:
         return (f"checkpoint {folder} ran on another clock: the cost profile of {where(cfg, changed)} differs from "
                 f"the checkpoint's; resume with the profile the run used (its profile.json)")
+    if changed == LINK:
+        return (f"checkpoint {folder} ran on another clock: the link between stages (latency, bandwidth) in the cost "
+                f"profile of {where(cfg, changed)} differs from the checkpoint's; resume with the profile the run used "
+                f"(its profile.json)")
     return (f"checkpoint {folder} was trained on other data: the {changed} of {where(cfg, changed)} differs from "
             f"the checkpoint's (a file may move, not change)")

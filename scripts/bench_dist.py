@@ -5,7 +5,9 @@
    at the median of the repeats).
 2. adapipe's dist step time (1F1B, PipeDream and an AdaPipe run) / the simulator's prediction
    from the run's own profile.json: its measured costs and the link its workers measured at
-   start-up, timing the phases the run actually had (goal within 5%).
+   start-up, timing the phases the run actually had (goal within 5%); and each run's peak memory
+   (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
+   train`` process of its own, so the driver's peak is that run's).
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
    DistTransport (as a worker uses it: receives posted ahead, buffers given back) against a bare
    dist.send / dist.recv pair (ping-pong, one way; paired short rounds run back to back; goal at
@@ -24,6 +26,8 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +44,6 @@ from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.simulator.clock import CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.train import build  # noqa: E402
-from adapipe_cli.train.loop import train  # noqa: E402
 
 SKIP = 5  # steps left out at either end of a run
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
@@ -62,7 +65,9 @@ def adapipe_run(args, schedule: str, out: Path) -> tuple[float, float]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
     profile, link and phases)."""
     cfg = compose_config(overrides(args, schedule))
-    train(cfg, out)
+    # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
+    subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule),
+                    f"hydra.run.dir={out}"], check=True, stdout=subprocess.DEVNULL)
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     lo, hi = window(len(steps))
     measured = (steps[hi]["time_s"] - steps[lo]["time_s"]) / (hi - lo)
@@ -72,6 +77,12 @@ def adapipe_run(args, schedule: str, out: Path) -> tuple[float, float]:
                    mitigations=list(cfg.schedule.mitigation))
     predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
     return measured, predicted
+
+
+def peak_rss(out: Path) -> dict:
+    """{driver: MB, workers: [MB per worker, by rank]}: peak RSS of a run in ``out``, from its summary.json."""
+    summary = json.loads((out / "summary.json").read_text())
+    return {"driver": summary["driver_peak_rss_mb"], "workers": [m["peak_rss_mb"] for m in summary["memory"]]}
 
 
 # -- torch.distributed.pipelining ----------------------------------------------------------------
@@ -215,19 +226,21 @@ def main() -> None:
     if args.report:  # (a run stopped early keeps the repeats it finished)
         saved = json.loads(Path(args.report).read_text())
         runs = {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved["runs"].items()}
-        return report(runs, saved["stages"], saved["schedules"], saved["header"], saved.get("transport"))
+        return report(runs, saved["stages"], saved["schedules"], saved["header"], saved.get("transport"),
+                      {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved.get("memory", {}).items()})
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_dist_"))
     out.mkdir(parents=True, exist_ok=True)
     depths = list(args.stages)
     header = (f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
               f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
     runs = {(p, s): [] for p in depths for s in ["torch", *args.schedules]}
+    memory = {(p, s): [] for p in depths for s in args.schedules}  # peak_rss() of each repeat
     transport = None
 
     def save() -> None:
         (out / "bench.json").write_text(json.dumps({
             "runs": {f"{p}/{s}": v for (p, s), v in runs.items()}, "stages": depths, "schedules": args.schedules,
-            "header": header, "transport": transport}))
+            "header": header, "transport": transport, "memory": {f"{p}/{s}": v for (p, s), v in memory.items()}}))
 
     for i in range(args.repeats):
         for p in depths:
@@ -235,14 +248,22 @@ def main() -> None:
             runs[(p, "torch")].append(torch_step_time(args, out))
             for schedule in args.schedules:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
+                memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
     if args.rounds:
         transport = transport_overhead(args.rounds, out)
         save()
-    report(runs, depths, args.schedules, header, transport)
+    report(runs, depths, args.schedules, header, transport, memory)
 
 
-def report(runs: dict, depths: list[int], schedules: list[str], header: str, transport) -> None:
+def rss_row(repeats: list[dict]) -> str:
+    """``driver 310 | workers 402 398``: median over the repeats of each process's peak RSS (MB)."""
+    med = lambda xs: f"{statistics.median(xs):.0f}"  # noqa: E731
+    workers = [med([r["workers"][w] for r in repeats]) for w in range(len(repeats[0]["workers"]))]
+    return f"driver {med([r['driver'] for r in repeats])} | workers {' '.join(workers)}"
+
+
+def report(runs: dict, depths: list[int], schedules: list[str], header: str, transport, memory=None) -> None:
     rows = []
     fmt = lambda xs: f"{min(xs):.3f} / {statistics.median(xs):.3f}" if xs else "-"  # noqa: E731
     for p in depths:
@@ -253,6 +274,9 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([m / s for m, s in rs]), "goal within 5%"))
+            if memory and memory.get((p, schedule)):
+                rows.append((f"p={p}: {schedule} peak RSS (MB)", rss_row(memory[(p, schedule)]),
+                             "median of repeats; workers by rank"))
         if "1f1b" in schedules:
             ratio = [a[0] / t for a, t in zip(runs[(p, "1f1b")], torch_t)]
             rows.append((f"p={p}: 1f1b adapipe / torch", fmt(ratio), f"{len(ratio)} paired repeats; goal median <= 1.0"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -52,6 +53,9 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     assert (ds["runtime"], ds["backend"], ds["clock"]) == ("dist", "gloo", "wall")
     assert ds["final_val_loss"] == ls["final_val_loss"] and ds["time_s"] > 0
     assert [m["stage"] for m in ds["memory"]] == list(range(stages))
+    # peak RSS in MB: each worker's, and the driver's, which is this process (torch alone is > 50 MB)
+    assert all(50 < m["peak_rss_mb"] < 1e5 for m in ds["memory"])
+    assert 50 < ds["driver_peak_rss_mb"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert "runtime=dist backend=gloo clock=wall" in (tmp_path / "dist" / "run.log").read_text()
     # the cost profile measured by the workers, each its own stage where it runs
     prof = json.loads((tmp_path / "dist" / "profile.json").read_text())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import resource
 from pathlib import Path
 
 from ..runtime.base import Runtime, StepResult
@@ -58,7 +59,8 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     """``summary.json`` of a finished run: ``records`` and ``evals`` as written to ``metrics.jsonl``,
     ``st`` the loop's final state, ``phase`` a plain schedule's one phase (None: adapipe), ``ctx`` the
     heuristic's context (its predicted step times); time in a phase is the sum of its steps'
-    ``time_s`` increments, ``async_fraction`` = async time / ``time_s``."""
+    ``time_s`` increments, ``async_fraction`` = async time / ``time_s``; ``driver_peak_rss_mb`` the
+    peak resident memory of this process so far (the driver; on local it holds every stage)."""
     t = cfg.train
     steps = [r for r in records if r.get("kind") == "step"]
     phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
@@ -98,6 +100,8 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
         "predicted": {"sync_step_time": ctx.sync_step_time, "async_step_time": ctx.async_step_time,
                       "switch_time": ctx.switch_time},
         "memory": runtime.memory(),
+        # (ru_maxrss is in KiB on Linux; the dist runtime's workers report theirs in memory)
+        "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "stopped": state["stopped"], "completed": True,
     }
 

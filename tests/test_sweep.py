@@ -429,3 +429,39 @@ def test_a_sweep_without_an_added_method_saving_last_keeps_it(tmp_path):
     saved = json.loads((tmp_path / "sw" / "sweep.json").read_text())
     assert "extra" in saved["methods"] and "extra" in saved["definition"]["methods"]
     assert set(load_grid([*TINY_GRID, d]).methods) <= set(saved["methods"])
+
+
+def test_report_against_the_best_fixed_method(tmp_path):
+    """The hand sweep: p2_b4 async is the best fixed method at both targets (early 9 against sync's
+    12: adapipe 7/9 = 0.78; late 14 against 17: 12/14 = 0.86): no crossing, goal 1.02, met.
+    p4_b4: async has no run, sync 20; adapipe's median is not reached, so its ratio is at least
+    median(10, 30, 30) / 20 = 1.50: missed. A crossing sweep (sync best early at 10 against async's
+    14, async best late at 20 against sync's 30): goal 0.95; adapipe 11/10 = 1.10 missed early,
+    18/20 = 0.90 met late."""
+    (tmp_path / "a").mkdir()
+    _hand_sweep(tmp_path / "a")
+    write_report(tmp_path / "a")
+    md = (tmp_path / "a" / "results.md").read_text().split("## Against the best fixed method")[1]
+    assert "| 2 | 4 | early | async 9 (8–n.r.) | 0.78 [" in md and "adapipe: met (<= 1.02) |" in md, md
+    assert "| 2 | 4 | late | async 14 (13–n.r.) | 0.86 [" in md, md
+    assert "| 4 | 4 | early | sync 20 (20–20) | >=1.50 [" in md and "adapipe: missed (> 1.02) |" in md, md
+
+    d = tmp_path / "b"
+    methods = ["sync", "async", "adapipe"]
+    cells = [{"name": f"p2_b4_{m}_s{s}", "setting": "p2_b4", "stages": 2, "microbatches": 2, "batch_size": 4,
+              "method": m, "seed": s} for m in methods for s in range(3)]
+    state = {"name": "cross", "methods": methods, "compare": "adapipe", "curves": None, "cells": cells,
+             "definition": {"target": {"rule": "fixed", "ppl": 10.0, "baseline": "sync"},
+                            "late_target": {"rule": "sync_best", "baseline": "sync"},
+                            "methods": {"sync": ["schedule=1f1b"], "async": ["schedule=pipedream"],
+                                        "adapipe": ["schedule=adapipe"]}},
+             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}}, "late_targets": {"p2_b4": {"ppl": 8.5}}}
+    d.mkdir()
+    (d / "sweep.json").write_text(json.dumps(state))
+    for m, (early, late), frac in (("sync", (10, 30), 0.0), ("async", (14, 20), 1.0), ("adapipe", (11, 18), 0.6)):
+        for s in range(3):
+            _run(d / f"p2_b4_{m}_s{s}", [(0, 100.0, 0.0), (10, 9.0, early), (20, 8.0, late)], async_fraction=frac)
+    write_report(d)
+    md = (d / "results.md").read_text().split("## Against the best fixed method")[1]
+    assert "| 2 | 4 | early (crossing) | sync 10 (10–10) | 1.10 [1.10, 1.10] | adapipe: missed (> 0.95) |" in md, md
+    assert "| 2 | 4 | late (crossing) | async 20 (20–20) | 0.90 [0.90, 0.90] | adapipe: met (<= 0.95) |" in md, md

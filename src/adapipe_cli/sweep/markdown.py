@@ -96,6 +96,7 @@ def render(state: dict, rows: list[dict], stats: dict[str, dict]) -> str:
                   + ", ".join(f"{k} `{Path(v).parent.name}/{Path(v).name}`" for k, v in profiles.items()) + ".", ""]
     for which, table in stats.items():
         lines += _target_section(state, rows, which, table)
+    lines += _goal_section(state, stats)
     lines += _exceptions(rows, list(stats))
     return "\n".join(lines) + "\n"
 
@@ -144,6 +145,75 @@ def _target_section(state: dict, rows: list[dict], which: str, table: dict) -> l
     if unsure:
         lines.append(f"No interval, so not known to be outside the noise (fewer than two seeds done): "
                      f"{', '.join(sorted(unsure))}.")
+    return lines + [""]
+
+
+def adaptive_methods(state: dict) -> list[str]:
+    """The methods that switch phases (``schedule=adapipe`` among their overrides); the others are fixed."""
+    defined = (state.get("definition") or {}).get("methods") or {}
+    return [m for m in state["methods"]
+            if "schedule=adapipe" in defined.get(m, []) or (m not in defined and m.startswith("adapipe"))]
+
+
+def best_fixed(by_method: dict[str, MethodStats], fixed: list[str]) -> str | None:
+    """The fixed method with the least median time to the target (a bound's value where none of
+    its seeds' median is reached); None when no fixed method has a run."""
+    ran = [m for m in fixed if by_method[m].runs]
+    if not ran:
+        return None
+    return min(ran, key=lambda m: (not by_method[m].time.ok, by_method[m].time.median if by_method[m].time.ok
+                                   else by_method[m].time.lower))
+
+
+def goal_verdict(rel: str, ratio: float, goal: float) -> str:
+    """``met`` / ``missed`` for a time ratio to the best fixed method, or ``unknown`` where the
+    ratio is a bound on the wrong side of the goal (``<``: at most ``ratio``; ``>``: at least)."""
+    if rel == "=" or (rel == "<" and ratio <= goal) or (rel == ">" and ratio > goal):
+        return f"{'met' if ratio <= goal else 'missed'} ({'<=' if ratio <= goal else '>'} {goal:g})"
+    return f"unknown (a bound, goal {goal:g})"
+
+
+GOAL, CROSSING_GOAL = 1.02, 0.95  # issue 13: at most 1.02x the best fixed method; 5% faster than both where they cross
+
+
+def _goal_section(state: dict, stats: dict[str, dict]) -> list[str]:
+    """Each adaptive method's median time to each target over the best fixed method's, per
+    setting, against the goal: at most 1.02x everywhere, and at most 0.95x in a setting whose
+    fixed methods cross (a different one is best at the two targets)."""
+    adaptive = adaptive_methods(state)
+    fixed = [m for m in state["methods"] if m not in adaptive]
+    if not adaptive or not fixed:
+        return []
+    head = ["depth", "batch", "target", "best fixed (s)", *(f"{a} / best" for a in adaptive), "goal"]
+    lines = ["## Against the best fixed method", "",
+             "Median time to target over the best fixed method's (the one of "
+             + ", ".join(f"`{m}`" for m in fixed) + " with the least median time at that target), with its "
+             f"{LEVEL:.0%} bootstrap interval; below 1: faster. Goal: at most {GOAL:g} in every setting and "
+             f"target, and at most {CROSSING_GOAL:g} (faster than both) where the fixed methods cross (sync is "
+             "best at one target, async at the other). `<=x` / `>=x`: a bound (most seeds of one side did not reach the "
+             "target).", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    settings = list(next(iter(stats.values())))
+    for p, b in settings:
+        bests = {which: best_fixed(table[(p, b)], fixed) for which, table in stats.items()}
+        # crossing: sync leads at one target and async at the other (sync and sync-zb are one kind)
+        kinds = {which: table[(p, b)][m].async_fraction > 0.5 for which, table in stats.items() if (m := bests[which])}
+        crossing = len(kinds) > 1 and len(set(kinds.values())) > 1
+        for which, table in stats.items():
+            by_method, best = table[(p, b)], bests[which]
+            if best is None:
+                continue
+            bt = by_method[best].time
+            cells = [str(p), str(b), which + (" (crossing)" if crossing else ""),
+                     f"{best} {fmt_ttt(by_method[best])}"]
+            verdicts = []
+            for a in adaptive:
+                ratio = speedup(bt, by_method[a].time)  # median(adaptive) / median(best)
+                cells.append(f"{fmt_speedup_ci(bt, by_method[a].time).replace('x', '', 1)}" if ratio else "–")
+                if ratio:
+                    verdicts.append(f"{a}: {goal_verdict(*ratio, CROSSING_GOAL if crossing else GOAL)}")
+            cells.append("; ".join(verdicts) or "–")
+            lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 

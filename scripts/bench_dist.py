@@ -12,12 +12,16 @@
    DistTransport (as a worker uses it: receives posted ahead, buffers given back) against a bare
    dist.send / dist.recv pair (ping-pong, one way; paired short rounds run back to back; goal at
    most 10% over).
+4. With --replicas R: R replicas of the pipeline (R x p workers, pipeline.replicas=R), each on the
+   R=1 run's batch (train.batch_size R x --batch: the same work per worker): the step time against
+   the simulator's prediction from the run's own profile, with a ring all-reduce over the link the
+   workers measured (goal within 15%), and against R=1 (the same schedule, the same repeat).
 
 Step times are the mean over the steady steps (the first and last few and evaluations left out).
 Each measurement is repeated, interleaved with the others (the speed of shared cores varies from
 minute to minute); the best and the median of the repeats are printed. Run:
 python scripts/bench_dist.py [--stages 2 4] [--model gpt-nano] [--batch 16] [--microbatches 4]
-[--steps 100] [--repeats 5] [--rounds 60]
+[--steps 100] [--repeats 5] [--rounds 60] [--replicas 2] [--replica-schedules 1f1b pipedream]
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import torch.distributed as dist  # noqa: E402
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
-from adapipe_cli.simulator.clock import CostProfile, LinkModel  # noqa: E402
+from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.train import build  # noqa: E402
 
@@ -49,10 +53,11 @@ SKIP = 5  # steps left out at either end of a run
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
 
 
-def overrides(args, schedule: str) -> list[str]:
+def overrides(args, schedule: str, replicas: int = 1) -> list[str]:
     extra = [ADAPIPE, "heuristic=fixed"] if schedule == "adapipe" else []
+    extra += [f"pipeline.replicas={replicas}"] if replicas > 1 else []
     return [f"model={args.model}", f"schedule={schedule}", f"pipeline.stages={args.stages}",
-            f"pipeline.microbatches={args.microbatches}", f"train.batch_size={args.batch}",
+            f"pipeline.microbatches={args.microbatches}", f"train.batch_size={args.batch * replicas}",
             f"train.max_steps={args.steps}", f"train.eval_every={args.steps}", "train.progress=off",
             "pipeline.threads=1", "pipeline.runtime=dist", "optim.warmup_steps=2", *extra]
 
@@ -61,20 +66,23 @@ def window(n: int) -> tuple[int, int]:
     return SKIP, n - 1 - SKIP
 
 
-def adapipe_run(args, schedule: str, out: Path) -> tuple[float, float]:
+def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
-    profile, link and phases)."""
-    cfg = compose_config(overrides(args, schedule))
+    profile, link and phases; with replicas, a ring all-reduce of each stage's parameter bytes
+    over that link)."""
+    cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
-    subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule),
+    subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
                     f"hydra.run.dir={out}"], check=True, stdout=subprocess.DEVNULL)
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     lo, hi = window(len(steps))
     measured = (steps[hi]["time_s"] - steps[lo]["time_s"]) / (hi - lo)
     prof = CostProfile.load(out / "profile.json")
     plan = Plan(len(steps), [r["phase"] for r in steps])
-    sim = simulate(build.schedule_choice(cfg).spec, plan, prof, LinkModel.choose(0.0, 0.0, prof), record=False,
-                   mitigations=list(cfg.schedule.mitigation))
+    link = LinkModel.choose(0.0, 0.0, prof)
+    ring = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
+    sim = simulate(build.schedule_choice(cfg).spec, plan, prof, link, record=False,
+                   mitigations=list(cfg.schedule.mitigation), allreduce=ring)
     predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
     return measured, predicted
 
@@ -220,6 +228,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=60, help="paired rounds of 20 messages each way (0: skip)")
     ap.add_argument("--schedules", nargs="+", default=["1f1b", "pipedream", "adapipe"])
+    ap.add_argument("--replicas", type=int, nargs="*", default=[], help="replica counts R > 1 to run (section 4)")
+    ap.add_argument("--replica-schedules", nargs="+", default=["1f1b", "pipedream"])
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--report", default=None, help="print the table of a bench.json that a run wrote, run nothing")
     args = ap.parse_args()
@@ -227,20 +237,29 @@ def main() -> None:
         saved = json.loads(Path(args.report).read_text())
         runs = {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved["runs"].items()}
         return report(runs, saved["stages"], saved["schedules"], saved["header"], saved.get("transport"),
-                      {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved.get("memory", {}).items()})
+                      {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved.get("memory", {}).items()},
+                      saved.get("replicas", []), saved.get("replica_schedules", []))
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_dist_"))
     out.mkdir(parents=True, exist_ok=True)
     depths = list(args.stages)
     header = (f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
               f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
+    replicas, rsched = [r for r in args.replicas if r > 1], args.replica_schedules if args.replicas else []
+    if replicas:
+        header += f"; replicas {replicas} of {rsched}, batch {args.batch} per replica"
+        cores, most = os.cpu_count() or 1, max(replicas) * max(depths)
+        if cores < most:  # the simulator gives every worker its own device
+            header += f" (only {cores} cores for up to {most} workers: they share them, the simulator assumes they do not)"
     runs = {(p, s): [] for p in depths for s in ["torch", *args.schedules]}
-    memory = {(p, s): [] for p in depths for s in args.schedules}  # peak_rss() of each repeat
+    runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
+    memory = {(p, s): [] for p in depths for s in [*args.schedules, *(replica_key(s, r) for s in rsched for r in [1, *replicas])]}  # peak_rss() of each repeat
     transport = None
 
     def save() -> None:
         (out / "bench.json").write_text(json.dumps({
             "runs": {f"{p}/{s}": v for (p, s), v in runs.items()}, "stages": depths, "schedules": args.schedules,
-            "header": header, "transport": transport, "memory": {f"{p}/{s}": v for (p, s), v in memory.items()}}))
+            "header": header, "transport": transport, "memory": {f"{p}/{s}": v for (p, s), v in memory.items()},
+            "replicas": replicas, "replica_schedules": rsched}))
 
     for i in range(args.repeats):
         for p in depths:
@@ -250,10 +269,20 @@ def main() -> None:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
+            for schedule in rsched:
+                for r in [1, *replicas]:  # (R=1 again, next to R > 1: the same minute's speed)
+                    key = replica_key(schedule, r)
+                    runs[(p, key)].append(adapipe_run(args, schedule, out / f"p{p}-{key}-{i}", replicas=r))
+                    memory[(p, key)].append(peak_rss(out / f"p{p}-{key}-{i}"))
+                    save()
     if args.rounds:
         transport = transport_overhead(args.rounds, out)
         save()
-    report(runs, depths, args.schedules, header, transport, memory)
+    report(runs, depths, args.schedules, header, transport, memory, replicas, rsched)
+
+
+def replica_key(schedule: str, replicas: int) -> str:
+    return f"{schedule}-R{replicas}"
 
 
 def rss_row(repeats: list[dict]) -> str:
@@ -263,7 +292,8 @@ def rss_row(repeats: list[dict]) -> str:
     return f"driver {med([r['driver'] for r in repeats])} | workers {' '.join(workers)}"
 
 
-def report(runs: dict, depths: list[int], schedules: list[str], header: str, transport, memory=None) -> None:
+def report(runs: dict, depths: list[int], schedules: list[str], header: str, transport, memory=None,
+           replicas: list[int] = (), replica_schedules: list[str] = ()) -> None:
     rows = []
     fmt = lambda xs: f"{min(xs):.3f} / {statistics.median(xs):.3f}" if xs else "-"  # noqa: E731
     for p in depths:
@@ -280,6 +310,20 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
         if "1f1b" in schedules:
             ratio = [a[0] / t for a, t in zip(runs[(p, "1f1b")], torch_t)]
             rows.append((f"p={p}: 1f1b adapipe / torch", fmt(ratio), f"{len(ratio)} paired repeats; goal median <= 1.0"))
+        for schedule in replica_schedules:
+            one = runs[(p, replica_key(schedule, 1))]
+            for r in replicas:
+                rs = runs[(p, replica_key(schedule, r))]
+                name = f"p={p} R={r}: {schedule}"
+                rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), f"{r * p} workers"))
+                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile, ring on its link"))
+                rows.append((f"{name} measured / simulated", fmt([m / s for m, s in rs]), "goal within 15%"))
+                pairs = list(zip(rs, one))
+                rows.append((f"{name} step / R=1 step", fmt([a[0] / b[0] for a, b in pairs]),
+                             f"{len(pairs)} paired repeats; {r}x the batch: ideal 1.0 plus the all-reduce"))
+                if memory and memory.get((p, replica_key(schedule, r))):
+                    rows.append((f"{name} peak RSS (MB)", rss_row(memory[(p, replica_key(schedule, r))]),
+                                 "median of repeats; workers by rank"))
     if transport:
         bare, ours, extra = transport
         rows += [("1 MB message, DistTransport (us)", f"{1e6 * ours:.1f}", ""),

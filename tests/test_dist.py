@@ -40,7 +40,9 @@ SWITCHES = "heuristic.plan=[[async,3],[sync,2],[async,null]]"  # decided by the 
 FAST = [("1f1b", 2, 2, ""), ("adapipe", 4, 2, SWITCHES)]  # m < p: evaluations moved before updates
 SLOW = [("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh1"),
         ("zbh2", 3, 8, "optim.grad_clip=0"), ("zbh2", 2, 4, ""), ("adapipe", 3, 2, SWITCHES + " schedule.sync=zbh2 optim.grad_clip=0"), ("gpipe", 2, 2, ""), ("pipedream", 2, 2, ""), ("2bw", 2, 2, ""), ("1f1b", 4, 4, ""), ("gpipe", 4, 2, ""),
-        ("pipedream", 4, 2, ""), ("2bw", 4, 4, "")]
+        ("pipedream", 4, 2, ""), ("2bw", 4, 4, ""),
+        # interleaved 1F1B: two chunks per worker (chunk c on rank c % p), tied embeddings across ranks
+        ("interleaved", 2, 4, "model.tie_embeddings=true"), ("interleaved", 3, 6, "model.n_layer=6 train.batch_size=12")]
 
 
 @pytest.mark.parametrize("schedule,stages,micro,extra", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
@@ -52,14 +54,16 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     assert devals == levals and [v for v, _ in devals] == [0, 4, 8, 12]
     assert (ds["runtime"], ds["backend"], ds["clock"]) == ("dist", "gloo", "wall")
     assert ds["final_val_loss"] == ls["final_val_loss"] and ds["time_s"] > 0
-    assert [m["stage"] for m in ds["memory"]] == list(range(stages))
+    n = stages * (2 if schedule == "interleaved" else 1)  # virtual stages (schedule.chunks=2)
+    assert [m["stage"] for m in ds["memory"]] == list(range(n))
+    assert [m["rank"] for m in ds["memory"]] == [c % stages for c in range(n)]
     # peak RSS in MB: each worker's, and the driver's, which is this process (torch alone is > 50 MB)
     assert all(50 < m["peak_rss_mb"] < 1e5 for m in ds["memory"])
     assert 50 < ds["driver_peak_rss_mb"] <= resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     assert "runtime=dist backend=gloo clock=wall" in (tmp_path / "dist" / "run.log").read_text()
-    # the cost profile measured by the workers, each its own stage where it runs
+    # the cost profile measured by the workers, each its own stages where they run
     prof = json.loads((tmp_path / "dist" / "profile.json").read_text())
-    assert prof["meta"]["devices"] == ["cpu"] * stages and all(f > 0 for f in prof["forward"])
+    assert prof["meta"]["devices"] == ["cpu"] * n and all(f > 0 for f in prof["forward"])
     assert (tmp_path / "dist" / "curves.png").stat().st_size > 0
 
 

@@ -100,6 +100,27 @@ def test_dist_checkpoints_equal_the_local_runs_numbers(tmp_path, capsys):
         assert len(err) == 1 and f"pipeline.runtime='{d}' in the checkpoint, '{other}' now" in err[0]
 
 
+@pytest.mark.slow  # three dist runs of about 10 s
+def test_dist_interleaved_checkpoints_resume_the_local_runs_numbers(tmp_path):
+    """Interleaved 1F1B, two chunks per worker: the dist run gives the local run's numbers, each
+    rank's part holds its two chunks (virtual stages r and r + 2), and a run resumed after step 6
+    repeats the rest of the uninterrupted run."""
+    args = ["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=4", "train.max_steps=10",
+            "train.checkpoint_every=3", "train.keep_checkpoints=20"]
+    assert run(tmp_path / "local", *args) == 0
+    whole = tmp_path / "dist"
+    assert run(whole, *args, *DIST) == 0
+    assert records(whole) == records(tmp_path / "local")
+    folder = checkpoint.complete(whole)[-1]
+    assert set(checkpoint.verify(folder)["parts"]) == {"trainer", "stage-0", "stage-1"}
+    for r in range(2):
+        part = torch.load(folder / f"stage-{r}.pt", weights_only=False)
+        assert [part["executor"]["stage"], *(c["stage"] for c in part["chunks"])] == [r, r + 2]
+    cut = cut_at(whole, tmp_path / "cut6", 6)
+    assert main(["train", f"train.resume={cut}"]) == 0
+    assert records(cut) == records(whole)
+
+
 def test_local_resume_early_in_a_predicted_stream(tmp_path):
     """A microbatch forwarded before its stage's first update ran without weight prediction (no
     velocity yet): resumed after that update, it keeps its stashed weights (both runtimes)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from adapipe_cli.model import GPTConfig
 from adapipe_cli.schedules import BACKWARD, FORWARD, SYNC, UPDATE, Plan, ScheduleError, ScheduleSpec, StageProgram
 from adapipe_cli.schedules.interleaved import interleaved_order, warmup
 from adapipe_cli.simulator.clock import CostProfile
@@ -24,6 +25,19 @@ def test_interleaved_equals_single_process_gradient_accumulation(p, v, m, order,
     ref_losses, ref_norms = reference_with_norms(data, m, clip, DEEP)
     rt = local_runtime(p, m, [SYNC] * STEPS, data, sync="interleaved", gcfg=DEEP, clip=clip, chunks=v, order=order)
     assert len(rt.executors) == p * v
+    got = [rt.run_step(t) for t in range(STEPS)]
+    assert rel_close([r.loss for r in got], ref_losses, 1e-5), ([r.loss for r in got], ref_losses)
+    assert rel_close([r.grad_norm for r in got], ref_norms, 1e-5), ([r.grad_norm for r in got], ref_norms)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (4, 2)])
+def test_interleaved_with_tied_embeddings_across_devices(p, v):
+    """The embedding on chunk 0 (device 0) and the head on chunk p v - 1 (device p - 1, not its first
+    chunk to update) sum their gradients before the norm: single-process training of the tied model."""
+    tied = GPTConfig(**{**DEEP.__dict__, "tie_embeddings": True})
+    data = make_data(STEPS)
+    ref_losses, ref_norms = reference_with_norms(data, 4, 1.0, tied)
+    rt = local_runtime(p, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=tied, chunks=v)
     got = [rt.run_step(t) for t in range(STEPS)]
     assert rel_close([r.loss for r in got], ref_losses, 1e-5), ([r.loss for r in got], ref_losses)
     assert rel_close([r.grad_norm for r in got], ref_norms, 1e-5), ([r.grad_norm for r in got], ref_norms)

@@ -78,7 +78,8 @@ def validate(cfg) -> None:
 
 
 def _check_chunks(cfg) -> None:
-    """Interleaved 1F1B: p * v chunks of at least one block each, m a multiple of p, local runtime."""
+    """Interleaved 1F1B: p * v chunks of at least one block each, m a multiple of p, two workers or
+    more on the dist runtime."""
     s, p, n = cfg.schedule, cfg.pipeline, cfg.model.n_layer
     if s.name != "interleaved":
         _need(s.chunks == 1, f"schedule.chunks={s.chunks} needs schedule=interleaved (other schedules hold one chunk per stage)")
@@ -88,8 +89,10 @@ def _check_chunks(cfg) -> None:
                                     f"{n} blocks of model {cfg.model.name}: use fewer chunks or a deeper model")
     _need(p.microbatches % p.stages == 0, f"schedule=interleaved needs pipeline.microbatches to be a multiple of "
                                           f"pipeline.stages={p.stages} (got {p.microbatches})")
-    _need(p.runtime != "dist", "schedule=interleaved runs on pipeline.runtime=local only (the dist runtime holds one "
-                               "chunk per worker): use pipeline.runtime=local")
+    _need(p.runtime != "dist" or p.stages > 1, "schedule=interleaved on pipeline.runtime=dist needs pipeline.stages >= 2 "
+                                               "(a worker does not send to itself): use more stages or pipeline.runtime=local")
+    _need(p.runtime != "dist" or p.replicas == 1, f"schedule=interleaved with pipeline.replicas={p.replicas} runs on "
+                                                  "pipeline.runtime=local only: use replicas=1 on dist")
 
 
 def _check_schedule(cfg) -> None:

@@ -154,6 +154,7 @@ class DistRuntime:
         self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
         self.R = cfg.pipeline.replicas
         self.n = self.p * self.R  # workers
+        self.chunks = cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1  # model chunks per worker
         self.env = torchrun_env()
         self.backend, devices = choose_backend(cfg, self.env is not None)
         self.max_steps = cfg.train.max_steps
@@ -230,7 +231,7 @@ class DistRuntime:
         parts = [CostProfile(**d) for d in self._collect(keys)]
         for key in keys:
             self.board.delete(key)
-        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps)
+        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps, chunks=self.chunks)
 
     def _start(self, ranks: list[int], log_dir: Path) -> None:
         ctx = worker_context()
@@ -378,10 +379,12 @@ class DistRuntime:
                 "peak_rss_mb", "peak_device_mb")
         out = []
         for r, rep in sorted(self.reports.items()):
-            replica, stage = where(r, self.p)
-            out.append({"stage": stage, **({"replica": replica} if self.R > 1 else {}), "rank": r,
-                        **({"node": rep["node"]} if self.env is not None else {}), **{k: rep[k] for k in keys}})
-        return out
+            replica, _ = where(r, self.p)
+            for c in rep["chunks"]:  # (one per virtual stage the worker holds)
+                out.append({"stage": c["stage"], **({"replica": replica} if self.R > 1 else {}), "rank": r,
+                            **({"node": rep["node"]} if self.env is not None else {}),
+                            **{k: c.get(k, rep.get(k)) for k in keys}})
+        return sorted(out, key=lambda row: (row.get("replica", 0), row["stage"]))
 
     def close(self) -> None:
         """End the run and wait for every worker to finish; when an exception is on its way (or a
@@ -402,6 +405,11 @@ class DistRuntime:
             self._shutdown()
 
     # -- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _chunks(reps) -> list[tuple[dict, dict]]:
+        """(rank's report, virtual stage's entry) per virtual stage, in stage order."""
+        return sorted(((rep, c) for rep in reps for c in rep["chunks"]), key=lambda rc: rc[1]["stage"])
+
     def _result(self, t: int, reps: list[dict]) -> StepResult:
         # an evaluation holds up the whole pipeline for about as long as the stage that waits
         # longest in it (the last), so the largest evaluation time comes off the clock; so does
@@ -419,14 +427,14 @@ class DistRuntime:
         losses = [sum(x["losses"]) / max(1, len(x["losses"])) for x in lasts]
         reps = reps[:self.p]
         delays = [d for r in reps for d in r["delays"]]
-        last = reps[-1]
+        last, stages = reps[-1], self._chunks(reps)
         return StepResult(
             step=t, phase=self.plan.phases[t], loss=sum(losses) / len(losses), time_s=now,
             staleness_mean=sum(delays) / max(1, len(delays)), staleness_max=max(delays, default=0),
             bubble=min(1.0, max(0.0, bubble)) if math.isfinite(bubble) else bubble,
-            grad_norm=global_norm([r["grad_sq"] for r in reps]), lr=last["lr"],
+            grad_norm=global_norm([c["grad_sq"] for _, c in stages]), lr=last["lr"],
             versions_max=max(r["versions"] for r in reps), inflight_max=max(r["inflight"] for r in reps),
-            lr_stages=stage_lrs([r["lr_stage"] for r in reps]), param_sets_max=max(r["param_sets"] for r in reps))
+            lr_stages=stage_lrs([c["lr_stage"] for _, c in stages]), param_sets_max=max(r["param_sets"] for r in reps))
 
     def _part_name(self, rank: int) -> str:
         replica, stage = where(rank, self.p)

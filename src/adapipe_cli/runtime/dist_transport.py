@@ -85,9 +85,13 @@ class Board:
         return dist.PrefixStore(f"{self.prefix}/pg", self.store)
 
 
-def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0) -> dict:
+def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0, chunks: int = 1) -> dict:
     """One process group per channel and direction between each pair of neighbouring stages, and
-    the ends' group for tied embeddings. Every rank must call this, in the same order.
+    the ends' group for tied embeddings. Every rank must call this, in the same order. With
+    ``chunks`` model chunks per rank (interleaved 1F1B) the stages are the ``stages * chunks``
+    virtual stages, virtual stage ``c`` on stage (device) ``c % stages``: a group per virtual link,
+    so that the links between the same two ranks (chunk 0 -> 1 and chunk 2 -> 3 at 2 ranks) are
+    separate FIFOs.
 
     With ``replicas`` R > 1 (ranks ``r * p + s``, :func:`.replicas.where`), every replica has
     these groups and one of its p stages (``pipeline``, for a sync update's collectives), and
@@ -109,11 +113,14 @@ def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0) -
     receive, queued behind them on the same stream.
     """
     mine: dict = {}
+    n = stages * chunks
+    # (the tables of gradient norms travel only in an async stream, which needs one chunk per rank)
+    channels = CHANNELS if chunks == 1 else ("act", "grad", "eval")
     for r in range(replicas):
         base, groups = r * stages, {}
-        for s in range(stages - 1):
-            for channel in CHANNELS:
-                groups[(channel, s)] = dist.new_group([base + s, base + s + 1])
+        for s in range(n - 1):
+            for channel in channels:
+                groups[(channel, s)] = dist.new_group(sorted({base + s % stages, base + (s + 1) % stages}))
         if tied and stages > 1:
             groups["ends"] = dist.new_group([base, base + stages - 1]) if stages > 2 else None
         groups["pipeline"] = dist.new_group(list(range(base, base + stages))) if replicas > 1 else None
@@ -126,7 +133,10 @@ def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0) -
 
 class DistTransport:
     """The :class:`~.transport.Transport` of one worker: stage ``s`` is rank ``base + s``
-(``base = replica * p`` with replicas, 0 without).
+(``base = replica * p`` with replicas, 0 without). With ``chunks`` model chunks per worker
+    (interleaved 1F1B), virtual stage ``c`` of ``stages * chunks`` runs on stage ``c % stages``:
+    every channel's messages are addressed by virtual stage, and the worker's own chunks post
+    their shares of a collective before any of them takes its result.
 
     Shapes are known from the schedule (``shape(channel, key)``), so a message is the tensor alone:
     no metadata travels. A receive takes a buffer of that shape from the channel's pool of
@@ -149,17 +159,25 @@ class DistTransport:
     def __init__(self, stage: int, stages: int, groups: dict, shape: Callable[[str, object], tuple],
                  device: torch.device, dtype: torch.dtype = torch.float32,
                  on_block: Callable[[bool], None] | None = None, ahead: bool = False, window: int = 64,
-                 base: int = 0):
+                 base: int = 0, chunks: int = 1):
         self.s, self.p, self.groups, self.shape = stage, stages, groups, shape
         self.base = base  # the global rank of this replica's stage 0
+        self.chunks = chunks
         self.device, self.dtype = device, dtype
         self.on_block = on_block or (lambda blocked: None)
-        self.sends: dict[str, deque[tuple[dist.Work, torch.Tensor]]] = {c: deque() for c in CHANNELS}
+        # per link (channel, src, dst): its sends in order, its next receive
+        self.sends: dict[tuple, deque[tuple[dist.Work, torch.Tensor]]] = {}
         self.window = max(1, window)
         self.ahead = ahead
-        self.posted: dict[str, tuple[dist.Work, torch.Tensor]] = {}  # channel -> its next receive
+        self.posted: dict[tuple, tuple[dist.Work, torch.Tensor]] = {}
         self.free: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (channel, shape) -> buffers given back
+        self.parts: dict[tuple, dict[int, list[torch.Tensor]]] = {}  # a collective's shares of this worker's chunks
+        self.results: dict[tuple, tuple[list[torch.Tensor], int]] = {}  # its result, and the chunks still to take it
         self.wait_s = 0.0
+
+    def rank_of(self, stage: int) -> int:
+        """The global rank that runs virtual stage ``stage``."""
+        return self.base + stage % self.p
 
     def _group(self, channel: str, src: int, dst: int):
         return self.groups[(channel, min(src, dst))]
@@ -168,19 +186,20 @@ class DistTransport:
         # (the tables of gradient norms are made on the host; NCCL sends only device tensors)
         if tensor.device != self.device or not tensor.is_contiguous():
             tensor = tensor.to(self.device).contiguous()
-        pending = self.sends[channel]
+        pending = self.sends.setdefault((channel, src, dst), deque())
         while pending and (len(pending) >= self.window or pending[0][0].is_completed()):
             self._blocking(pending.popleft()[0].wait)  # (gloo: done long ago, returns at once)
-        pending.append((dist.isend(tensor, self.base + dst, group=self._group(channel, src, dst)), tensor))
+        pending.append((dist.isend(tensor, self.rank_of(dst), group=self._group(channel, src, dst)), tensor))
 
     def ready(self, channel: str, src: int, dst: int, key) -> bool:
         return True  # a receive blocks until its message arrives
 
     def recv(self, channel: str, src: int, dst: int, key, like: torch.Tensor | None = None) -> torch.Tensor:
-        work, buf = self.posted.pop(channel, None) or self._post(channel, src, dst, key)
+        link = (channel, src, dst)
+        work, buf = self.posted.pop(link, None) or self._post(channel, src, dst, key)
         self._blocking(work.wait)
         if self.ahead and channel != "eval":
-            self.posted[channel] = self._post(channel, src, dst, key)
+            self.posted[link] = self._post(channel, src, dst, key)
         return buf
 
     def release(self, channel: str, tensor: torch.Tensor) -> None:
@@ -194,7 +213,7 @@ class DistTransport:
         shape = tuple(self.shape(channel, key))
         free = self.free.get((channel, shape))
         buf = free.pop() if free else torch.empty(shape, dtype=self.dtype, device=self.device)
-        return dist.irecv(buf, self.base + src, group=self._group(channel, src, dst)), buf
+        return dist.irecv(buf, self.rank_of(src), group=self._group(channel, src, dst)), buf
 
     def measure_link(self, numel: int, rounds: int = 20) -> dict | None:
         """Latency and bandwidth of the link to the next stage, from a ping-pong before training:
@@ -230,25 +249,47 @@ class DistTransport:
                        "one_way_s": big, "rounds": rounds}
         return out
 
+    def _mine(self, group: tuple[int, ...]) -> list[int]:
+        return [c for c in group if c % self.p == self.s]
+
     def post_reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> None:
-        pass  # the collective runs in reduce()
+        self.parts.setdefault(key, {})[stage] = tensors  # the collective runs in reduce()
 
     def reduce_ready(self, key: tuple, group: tuple[int, ...]) -> bool:
-        return True
+        """Whether every chunk of this worker in ``group`` has posted its share (then the
+        collective blocks until the other workers' arrive)."""
+        return key in self.results or len(self.parts.get(key, ())) == len(self._mine(group))
 
     def reduce(self, key: tuple, stage: int, group: tuple[int, ...], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Element-wise sum over ``group``, added in stage order (all_gather, then a sum), so that
-        the result is bitwise the local runtime's whatever the number of stages."""
-        whole = len(group) == self.p
+        """Element-wise sum over the (virtual) stages of ``group``, added in stage order (an
+        all_gather of each worker's shares, then a sum), so that the result is bitwise the local
+        runtime's whatever the number of stages and chunks. The first of this worker's chunks to
+        ask runs the collective; the others take copies of its result."""
+        if key not in self.results:
+            self.parts.setdefault(key, {}).setdefault(stage, tensors)  # (a caller that did not post first)
+            self.results[key] = (self._reduce(key, group), len(self._mine(group)))
+        out, left = self.results[key]
+        if left == 1:
+            del self.results[key]
+        else:
+            self.results[key] = (out, left - 1)
+        return [t.clone() for t in out] if left > 1 else out
+
+    def _reduce(self, key: tuple, group: tuple[int, ...]) -> list[torch.Tensor]:
+        devs = sorted({c % self.p for c in group})  # the stages (workers) taking part, in rank order
+        whole = len(devs) == self.p
         pg = self.groups.get("pipeline") if whole else self.groups["ends"]
+        mine, shares = self._mine(group), self.parts.pop(key)
+        at = {c: (devs.index(c % self.p), [x for x in group if x % self.p == c % self.p].index(c)) for c in group}
         out = []
-        for t in tensors:
-            flat = t.reshape(-1).to(self.device).contiguous()  # (NCCL: device tensors only)
-            parts = [torch.empty_like(flat) for _ in group]
-            self._blocking(lambda: dist.all_gather(parts, flat, group=pg))
-            acc = parts[0].clone()
-            for x in parts[1:]:
-                acc.add_(x)
+        for i, t in enumerate(shares[mine[0]]):
+            # (NCCL: device tensors only) this worker's shares, one row each, in stage order
+            rows = torch.stack([shares[c][i].reshape(-1) for c in mine]).to(self.device).contiguous()
+            gathered = [torch.empty_like(rows) for _ in devs]
+            self._blocking(lambda: dist.all_gather(gathered, rows, group=pg))
+            acc = gathered[at[group[0]][0]][at[group[0]][1]].clone()
+            for c in group[1:]:
+                acc.add_(gathered[at[c][0]][at[c][1]])
             out.append(acc.reshape(t.shape).to(t.device))
         if whole:  # every stage is here: every message sent before it has been received
             for pending in self.sends.values():

@@ -152,11 +152,14 @@ class LocalRuntime:
         picks = self.replica_picks[r]
         if not picks.next_is(s):
             return False
-        if a.kind == UPDATE and a.phase == SYNC and (i, a.step) not in self.arrived:
-            self.arrived.add((i, a.step))
-            if r == 0:
-                self.clock.arrive(s, a.step)
-            for c in picks.updates_after(s):  # the device's other chunks post their shares too
+        if a.kind == UPDATE and a.phase == SYNC:
+            if (i, a.step) not in self.arrived:
+                self.arrived.add((i, a.step))
+                if r == 0:
+                    self.clock.arrive(s, a.step)
+            # the device's other chunks post their shares too, at every poll: a chunk's share of the
+            # norm follows its tied embedding's sum, which may complete only later
+            for c in picks.updates_after(s):
                 self._flat[r * self.p + c].ready(a)
         return self._flat[i].ready(a)
 

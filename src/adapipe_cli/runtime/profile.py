@@ -230,19 +230,23 @@ def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimize
 
 
 def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-                  rounds: int = MIN_ROUNDS) -> CostProfile:
+                  rounds: int = MIN_ROUNDS, chunks: int = 1) -> CostProfile:
     """The profile of a pipeline whose stage ``s`` was measured alone, where it runs, as the
     one-stage ``parts[s]`` (the dist runtime's workers, each on its own device); an unsteady
-    measurement is reported with ``warn`` as :func:`measure_profile` does (``rounds`` per pass)."""
-    col = lambda name: [getattr(q, name)[0] for q in parts]  # noqa: E731
+    measurement is reported with ``warn`` as :func:`measure_profile` does (``rounds`` per pass).
+    With ``chunks`` per worker, ``parts[d]`` holds device ``d``'s chunks, and virtual stage ``c``
+    is its entry ``c // p`` of ``parts[c % p]``."""
+    p = len(parts)
+    at = [(c % p, c // p) for c in range(p * chunks)]  # virtual stage -> (part, entry)
+    col = lambda name: [getattr(parts[d], name)[j] for d, j in at]  # noqa: E731
     times = {kind: col(kind) for kind in KINDS}
-    spread = {kind: [q.meta.get("spread", {}).get(kind, [0.0])[0] for q in parts] for kind in KINDS}
+    spread = {kind: [parts[d].meta.get("spread", {}).get(kind, [0.0] * chunks)[j] for d, j in at] for kind in KINDS}
     line = unsteady(spread, times) if rounds >= MIN_ROUNDS else None
     if line:
         warn(line)
     meta = {**parts[0].meta, "method": f"{parts[0].meta.get('method', '')}, each stage where it runs",
-            "spread": spread, "devices": [q.meta.get("device") for q in parts]}
-    memory = {k: [q.memory[k][0] for q in parts] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
+            "spread": spread, "devices": [parts[d].meta.get("device") for d, _ in at]}
+    memory = {k: [parts[d].memory[k][j] for d, j in at] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"])

@@ -56,6 +56,14 @@ restores its snapshot, sends again the activations in flight at it (``back/{n}/e
 reports (``back/{n}/done/{rank}``) and waits until the driver has cleared the discarded steps'
 keys (``back/{n}/go``).
 
+Interleaved 1F1B (``schedule.chunks = v > 1``): the worker of rank ``d`` holds the virtual
+stages ``d, d + p, ..., d + (v - 1) p``, each an executor with its own program, and runs them in
+its device's order (:func:`..schedules.interleaved.device_picks`); an evaluation runs as soon as
+it heads a chunk's list (it needs only the previous chunk's), in chunk order. The gate, the
+report, the held-out signal and a checkpoint's or snapshot's cut are per rank: before the first
+of the rank's updates of a step, and after the last. A step is flushed (interleaving is sync
+only), so nothing crosses the cut.
+
 Its entry points (the driver's spawn, torchrun's other ranks) are in :mod:`.launch`; fault
 injection for tests in :mod:`.faults`.
 """
@@ -75,6 +83,7 @@ import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
+from ..schedules.interleaved import device_picks
 from .. import checkpoint
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
 from .faults import inject_fault
@@ -178,6 +187,12 @@ class Worker:
         s = self.stage
         self.p, self.last = p, s == p - 1
         self.reporter = self.replica == 0  # puts the losses of evaluations and of the held-out signal
+        v = self.v = build.virtual_stages(cfg) // p  # model chunks on this worker
+        self.chunks = [s + p * j for j in range(v)]  # its virtual stages
+        # the device's order of its chunks' turns in a step, the same every step (with one chunk: always it)
+        self.turns = [c // p for c in device_picks(p, v, m)[s]] if v > 1 else [0]
+        self.turn = 0
+        self.opened = -1  # the step whose gate this worker has passed
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(cfg.seed)
         data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
@@ -186,8 +201,9 @@ class Worker:
         eval_steps = set(spec["eval_steps"])
         self.eval_at = eval_steps.__contains__
         self.plan = BoardPlan(cfg.train.max_steps, board, status)
-        (module,), (opt,) = build.make_stages(cfg, gcfg, which=[s])
-        module.to(device)
+        modules, opts = build.make_stages(cfg, gcfg, which=self.chunks)
+        for module in modules:
+            module.to(device)
         micro = cfg.train.batch_size // (m * R)  # a replica's microbatch
         val = [(x.to(device), y.to(device)) for x, y in data.val_batches(micro)]
         rows = spec.get("signal_rows")  # the held-out batch whose loss the heuristic follows, or None
@@ -196,28 +212,32 @@ class Worker:
 
         def shape(channel: str, key) -> tuple:
             if channel in ("actn", "gradn"):  # tables of gradient norms (see runtime/stage.py)
-                return (p, 2)
+                return (p * v, 2)
             if channel == "eval":
                 return ((self.signal if key[1] == SIGNAL else val[key[1]])[0].shape[0], T, d)
             return (micro, T, d)
 
         tied = cfg.model.tie_embeddings and p > 1
-        groups = build_groups(p, tied, R, self.replica)
+        groups = build_groups(p, tied, R, self.replica, v)
         self.transport = DistTransport(s, p, groups, shape, device, ahead=spec["backend"] == "gloo",
                                        on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING),
                                        window=m + 2 * p + len(val) + 1,  # (above any schedule's sends in flight)
-                                       base=self.replica * p)
+                                       base=self.replica * p, chunks=v)
         dp = ReplicaGroup(s, self.replica, R, DistAllReduce(groups[("dp", s)], self.transport)) if R > 1 else None
         self.act_numel = micro * T * d
         # R x m microbatches per step; this replica's are shares r*m .. r*m + m - 1 (as on the local runtime)
         batches = replica_batch(build.Batches(data, cfg.train.batch_size, m * R), self.replica, m)
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
-        self.program = StageProgram(s, choice.spec, self.plan, self.eval_at)
-        self.ex = StageExecutor(s, p, m, module, opt, self.transport, batch, build.make_policy(cfg, self.plan),
-                                self.program, grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
-                                tied=tied, precision=cfg.train.get("precision", "fp32"), dp=dp)
-        self.ex.val = val
-        self.order = EvalOrder(self.program, self.eval_at)
+        self.spec = choice.spec
+        policy = build.make_policy(cfg, self.plan)  # (its state is per stage: one for the worker's chunks)
+        self.programs = [StageProgram(c, choice.spec, self.plan, self.eval_at) for c in self.chunks]
+        self.exs = [StageExecutor(c, p * v, m, module, opt, self.transport, batch, policy, prog,
+                                  grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
+                                  tied=tied, precision=cfg.train.get("precision", "fp32"), dp=dp)
+                    for c, module, opt, prog in zip(self.chunks, modules, opts, self.programs)]
+        for ex in self.exs:
+            ex.val = val
+        self.orders = [EvalOrder(prog, self.eval_at) for prog in self.programs]
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
         self.eval_s = 0.0  # seconds in evaluations
         self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
@@ -229,9 +249,18 @@ class Worker:
         self.keep = spec.get("snapshots_kept", 0)
         if spec.get("measure") and self.reporter:  # the cost profile of this stage, measured here, on this device
             x, y = batch(0, 0)
-            prof = build.measure_stage_profile(cfg, [module], x, y, warn=lambda line: None)
+            prof = build.measure_stage_profile(cfg, modules, x, y, warn=lambda line: None)
             prof.meta["device"] = str(device)
             board.put(f"profile/{rank}", asdict(prof))
+
+    @property
+    def ex(self) -> StageExecutor:
+        """The executor of the rank's first chunk (its only one without interleaving)."""
+        return self.exs[0]
+
+    @property
+    def program(self) -> StageProgram:
+        return self.programs[0]
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
@@ -252,7 +281,8 @@ class Worker:
             raise Ended("abort")
         if verdict == "eval":
             v = self.ex.live
-            self._execute(Action(EVAL, -1, v - 1, v, SYNC))
+            for j in range(self.v):
+                self._execute(j, Action(EVAL, -1, v - 1, v, SYNC))
         if checkpoint.due_at_end(self.cfg.train, self.ex.live):  # the run's final checkpoint
             self._save(self.ex.live)
         self.status.set(WAIT_PEER)
@@ -264,7 +294,7 @@ class Worker:
         """Run the action list until the driver ends the run; returns its verdict."""
         while True:
             try:
-                a = self.order.peek()
+                j, a = self._next()
             except Ended as e:  # the program asked for the phase of a step after the end
                 if e.verdict == "abort":
                     return e.verdict
@@ -277,15 +307,29 @@ class Worker:
                     raise RuntimeError(f"rank {self.rank}: the driver released step {self.ex.live} after the end of the plan")
                 return verdict
             self.status.set(COMPUTING, a.step)
-            if a.kind == UPDATE:
+            if a.kind == UPDATE and a.step != self.opened:  # (the rank's first update of the step)
                 inject_fault(self.rank, a.step)
                 verdict = self._gate(a.step)
                 if verdict == "back":  # restored: the program's next action is another gate's
                     continue
                 if verdict != "go":
                     return verdict
-            self.order.pop()
-            self._execute(a)
+                self.opened = a.step
+            self.orders[j].pop()
+            if a.kind != EVAL:
+                self.turn = (self.turn + 1) % len(self.turns)
+            self._execute(j, a)
+
+    def _next(self) -> tuple[int, Action | None]:
+        """The local chunk to run next and its action: an evaluation heading a chunk's list (the
+        first such chunk), else the chunk whose turn it is in the device's order."""
+        if self.v > 1:
+            for j, order in enumerate(self.orders):
+                a = order.peek()
+                if a is not None and a.kind == EVAL:
+                    return j, a
+        j = self.turns[self.turn]
+        return j, self.orders[j].peek()
 
     def _gate(self, step: int) -> str:
         """Wait for the driver's verdict on ``U(step)``: ``go`` (``snap``: keep a snapshot here
@@ -310,21 +354,27 @@ class Worker:
             self._roll_back()
         return verdict
 
-    def _execute(self, a: Action) -> None:
+    def _execute(self, j: int, a: Action) -> None:
         t0, w0 = time.perf_counter(), self.transport.wait_s
-        if not self.ex.ready(a):  # a synchronous update runs its collectives here
-            raise RuntimeError(f"rank {self.rank}: {a} not ready on a blocking transport")
-        self.ex.run(a)
+        ex = self.exs[j]
+        if a.kind == UPDATE and a.phase == SYNC:  # the worker's other chunks post their shares of the collectives first
+            for k, other in enumerate(self.exs):
+                nxt = self.programs[k].peek()
+                if k != j and nxt is not None and nxt.kind == UPDATE and nxt.step == a.step:
+                    other.ready(nxt)
+        if not ex.ready(a):  # a synchronous update runs its collectives here
+            raise RuntimeError(f"stage {ex.s} (rank {self.rank}): {a} not ready on a blocking transport")
+        ex.run(a)
         dt = time.perf_counter() - t0
         if a.kind == EVAL:
             self.eval_s += dt
-            if self.last:
-                losses = self.ex.eval_losses.pop(a.version)
+            if ex.last:
+                losses = ex.eval_losses.pop(a.version)
                 if self.reporter:
                     self.board.put(f"eval/{a.version}", losses)
         else:
             self.busy += dt - (self.transport.wait_s - w0)
-        if a.kind == UPDATE:
+        if a.kind == UPDATE and all(e.live > a.step for e in self.exs):  # the rank's last update of the step
             self._report(a.step)
             if self.signal is not None:
                 self._signal(a.step + 1)
@@ -337,15 +387,15 @@ class Worker:
         the lag of the local runtime. Off the clock, like evaluations. (On the evaluation channel:
         every stage runs ``S(v)`` after ``U(v - 1)`` and ``E(v)`` after it, before ``U(v)``.)"""
         t0 = time.perf_counter()
-        ex, (x, y) = self.ex, self.signal
-        s = self.stage
-        h = x if ex.first else self.transport.recv("eval", s - 1, s, (version, SIGNAL))
-        out = ex.eval_forward(version, h)
-        if self.last:
-            if self.reporter:
-                self.board.put(f"signal/{version}", ex._loss(out, y).item())
-        else:
-            self.transport.send("eval", s, s + 1, (version, SIGNAL), out.float())
+        x, y = self.signal
+        for ex in self.exs:  # (in chunk order: each needs only the previous chunk's)
+            h = x if ex.first else self.transport.recv("eval", ex.s - 1, ex.s, (version, SIGNAL))
+            out = ex.eval_forward(version, h)
+            if ex.last:
+                if self.reporter:
+                    self.board.put(f"signal/{version}", ex._loss(out, y).item())
+            else:
+                self.transport.send("eval", ex.s, ex.s + 1, (version, SIGNAL), out.float())
         self.eval_s += time.perf_counter() - t0
 
     # -- the divergence guard ------------------------------------------------------------------
@@ -353,7 +403,7 @@ class Worker:
         """Keep this stage's state at the gate of ``U(steps)`` (the driver's snapshot after
         ``steps`` steps), the newest :data:`keep` of them, as the driver's guard keeps its own."""
         # (deep: the optimizer's state and the steps' statistics would otherwise go on changing)
-        self.snapshots[steps] = copy.deepcopy({"executor": self.ex.state_dict(), "forwarded": self.program.next_f})
+        self.snapshots[steps] = copy.deepcopy(self._state())
         while len(self.snapshots) > max(1, self.keep):
             del self.snapshots[min(self.snapshots)]
 
@@ -378,10 +428,10 @@ class Worker:
         for steps in [k for k in self.snapshots if k > to]:  # the driver drops these too
             del self.snapshots[steps]
         self.plan.phases[:] = order["phases"]
-        self.program = StageProgram(s, self.program.spec, self.plan, self.eval_at)
-        ex.load_state_dict(copy.deepcopy(snap["executor"]), self.program)  # (kept: a second rollback may need it)
-        self.order = EvalOrder(self.program, self.eval_at)
-        self.order.done.update(range(to + 1))  # E(v) for v <= to ran before the snapshot's gate
+        self._load(copy.deepcopy(snap))  # (kept: a second rollback may need it)
+        for o in self.orders:
+            o.done.update(range(to + 1))  # E(v) for v <= to ran before the snapshot's gate
+        ex = self.ex
         forwarded = snap["forwarded"]
         if s > 0:
             self.board.put(f"{key}/expect/{r}", forwarded)
@@ -406,10 +456,10 @@ class Worker:
         if folder == "skip":  # a rollback from this gate: the checkpoint comes when the run is here again
             return
         self.status.set(COMPUTING)
-        state = self.ex.state_dict()
+        state = self._state()
         entry = None
-        if checkpoint.finite(state["params"]):
-            part = {"step": step, "executor": state, "forwarded": self.program.next_f}  # microbatches forwarded so far
+        if all(checkpoint.finite(st["params"]) for st in [state["executor"], *state.get("chunks", [])]):
+            part = {"step": step, **state}  # (state: the microbatches forwarded so far too)
             entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.stage, self.replica), part)
         self.board.put(f"part/{step}/{self.rank}", entry)
 
@@ -423,10 +473,11 @@ class Worker:
         self.status.set(WAIT_DRIVER)
         self.plan.phases[:] = self.board.get("resume/phases")  # decided before the checkpoint, restored by the driver
         self.status.set(COMPUTING)
-        # fast-forwards the program to the cut and recomputes the in-flight forwards
-        self.ex.load_state_dict(part["executor"], self.program)
+        # fast-forwards the programs to the cut and recomputes the in-flight forwards
+        self._load(part)
         # every evaluation of a version <= start ran before the cut, and the driver has its loss
-        self.order.done.update(range(self.start + 1))
+        for o in self.orders:
+            o.done.update(range(self.start + 1))
         forwarded = part["forwarded"]
         if self.stage > 0:
             self.board.put(f"resume/expect/{self.rank}", forwarded)
@@ -438,19 +489,40 @@ class Worker:
             raise RuntimeError(f"rank {self.rank}: microbatches {missing} crossed the cut but are not in flight")
         return list(range(first, forwarded))
 
+    def _state(self) -> dict:
+        """The rank's state at a gate: its first chunk's executor (``executor``), the microbatches it
+        has forwarded, and with interleaving its other chunks' executors (``chunks``)."""
+        state = {"executor": self.ex.state_dict(), "forwarded": self.program.next_f}  # microbatches forwarded so far
+        if self.v > 1:
+            state["chunks"] = [ex.state_dict() for ex in self.exs[1:]]
+        return state
+
+    def _load(self, state: dict) -> None:
+        """Restore a state of :meth:`_state` into fresh programs of the plan (which holds the phases
+        decided at its cut); the device's turn is at its first update (the gate)."""
+        self.programs = [StageProgram(c, self.spec, self.plan, self.eval_at) for c in self.chunks]
+        for ex, prog, st in zip(self.exs, self.programs, [state["executor"], *state.get("chunks", [])]):
+            ex.load_state_dict(st, prog)
+        self.orders = [EvalOrder(prog, self.eval_at) for prog in self.programs]
+        self.turn = len(self.turns) - self.v if self.v > 1 else 0
+        self.opened = -1
+
     def _report(self, step: int) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         end = time.perf_counter() - self.t0
-        st, ex, cuda = self.ex.take_stats(step), self.ex, self.device.type == "cuda"
+        stats, exs, cuda = [ex.take_stats(step) for ex in self.exs], self.exs, self.device.type == "cuda"
+        st = stats[-1]  # (the last chunk's: on the last rank, the last stage's losses)
         self.board.put(f"rep/{step}/{self.rank}", {
             "t_end": end, "eval_s": self.eval_s, "save_s": self.save_s,
             "node": int(os.environ.get("GROUP_RANK", "0")),  # torchrun's index of this worker's node
             "busy": float("nan") if cuda else self.busy,
             "wait_peer_s": self.transport.wait_s, "wait_driver_s": self.gate_s + self.plan.wait_s,
-            "delays": st.delays, "grad_sq": st.grad_sq, "lr": st.lr, "lr_stage": st.lr_stage, "losses": st.losses,
-            "versions": ex.versions_held(), "inflight": len(ex.inflight), "param_sets": ex.param_sets(),
-            **ex.ledger.report(),
+            "delays": [d for x in stats for d in x.delays], "lr": st.lr, "losses": st.losses,
+            "versions": max(ex.versions_held() for ex in exs), "inflight": max(len(ex.inflight) for ex in exs),
+            "param_sets": max(ex.param_sets() for ex in exs),
+            # per virtual stage: its share of the gradient's squared norm, its learning rate, its ledger's peaks
+            "chunks": [{"grad_sq": x.grad_sq, "lr_stage": x.lr_stage, **ex.ledger.report()} for x, ex in zip(stats, exs)],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None,
         })

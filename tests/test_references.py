@@ -143,18 +143,18 @@ def reference(p, m, plan, rule, data, mitigation=(), **kw):
     return losses, [v[-1] for v in loop.versions]
 
 
-def engine(p, m, plan, rule, data, mitigation=(), **sched):
+def engine(p, m, plan, rule, data, mitigation=(), sync="1f1b", **sched):
     phases = [PHASE[c] for c in plan]
     ocfg = optim_cfg(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, weight_decay=0.0, decay="constant", warmup_steps=0)
-    rt = local_runtime(p, m, phases, data, weights=rule, ocfg=ocfg, clip=0.0,
+    rt = local_runtime(p, m, phases, data, weights=rule, ocfg=ocfg, clip=0.0, sync=sync,
                        scfg=sched_cfg(mitigation=list(mitigation), **sched))
     return run_losses(rt, len(plan)), [ex.params for ex in rt.executors]
 
 
-def assert_matches(p, m, plan, rule, mitigation=(), ref_kw=None, **sched):
+def assert_matches(p, m, plan, rule, mitigation=(), ref_kw=None, sync="1f1b", **sched):
     data = make_data(len(plan))
     ref_losses, ref_w = reference(p, m, plan, rule, data, mitigation, **(ref_kw or {}))
-    got_losses, got_w = engine(p, m, plan, rule, data, mitigation, **sched)
+    got_losses, got_w = engine(p, m, plan, rule, data, mitigation, sync, **sched)
     assert rel_close(got_losses, ref_losses, 1e-6), (got_losses, ref_losses)
     # weights move by about LR per step; rounding (e.g. a fused multiply-add) that Adam's
     # normalisation amplifies stays near 1e-6
@@ -197,6 +197,16 @@ def test_vertical_uses_the_first_stages_version(p, m, plan):
                                            (2, 1, "aaasaaa", "2bw")])
 def test_mixed_plans_train_with_the_table_versions(p, m, plan, rule):
     assert_matches(p, m, plan, rule)
+
+
+# AdaPipe's sync phase as each sync schedule: the drain into a sync step and the fill after it are
+# the same whatever the step's inner order (ZB-H2 without clipping: no barrier at the update, so a
+# stage starts the next step, or the async fill, while later stages finish theirs)
+@pytest.mark.parametrize("sync", ["gpipe", "zbh1", "zbh2"])
+@pytest.mark.parametrize("p,m,plan,rule", [(4, 2, "saassaaa", "stash"),
+                                           pytest.param(3, 4, "aasasaa", "2bw", marks=pytest.mark.slow)])
+def test_every_sync_schedule_drains_and_fills_as_the_table_says(p, m, plan, rule, sync):
+    assert_matches(p, m, plan, rule, sync=sync)
 
 
 @pytest.mark.parametrize("p,m,plan,rule,beta", [(4, 1, "aaaaaa", "stash", 0.5), (3, 4, "saassaaa", "2bw", 0.5),

@@ -51,6 +51,22 @@ def test_dist_replicas_equal_the_local_emulation(make_cfg, tmp_path, schedule, e
 
 
 @pytest.mark.slow
+def test_early_stops_end_every_replica_at_the_same_step(make_cfg, tmp_path):
+    """A stop at the target and at the time limit (which evaluates the final weights outside the
+    schedule, in every replica) train exactly the local emulation's steps, although the last of 3
+    stages runs a step ahead with one microbatch."""
+    common = ("pipeline.replicas=2", "schedule=pipedream", "pipeline.stages=3", "pipeline.microbatches=1",
+              "train.batch_size=4")
+    (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
+        make_cfg, tmp_path / "target", *common, "train.target_ppl=1000", "train.stop_at_target=true")
+    assert ds["stopped"] == ls["stopped"] == "target" and ds["steps"] == ls["steps"]
+    assert (dsteps, devals) == (lsteps, levals)
+    (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(make_cfg, tmp_path / "time", *common, "train.max_time_s=1e-9")
+    assert ds["stopped"] == ls["stopped"] == "max_time" and ds["steps"] == ls["steps"] == 1
+    assert (dsteps, devals) == (lsteps, levals) and [v for v, _ in devals] == [0, 1]
+
+
+@pytest.mark.slow
 def test_three_replicas_of_three_stages(make_cfg, tmp_path):
     """R = 3: the all-gather's sum in replica order is the emulation's (not only a + b = b + a)."""
     local, dist = local_and_dist(make_cfg, tmp_path, "pipeline.replicas=3", "pipeline.stages=3",

@@ -1,8 +1,11 @@
 """Distributed runtime benchmarks: 2 and 4 stages over gloo, one thread per worker.
 
-1. adapipe's dist 1F1B step time / torch.distributed.pipelining Schedule1F1B's, same model,
+1. adapipe's dist step time / torch.distributed.pipelining's for the same schedule, same model,
    batch, microbatches, optimizer (AdamW) and clipping by the global gradient norm (goal <= 1.0
-   at the median of the repeats).
+   at the median of the repeats): 1F1B against ``Schedule1F1B``; ZB-H1 against
+   ``ScheduleInterleavedZeroBubble`` with one stage per rank (its ZB1P: 1F1B's memory, each
+   backward split into I and W, the W deferred into the bubbles); interleaved 1F1B
+   (``--chunks`` per worker) against ``ScheduleInterleaved1F1B`` with as many stages per rank.
 2. adapipe's dist step time (1F1B, PipeDream and an AdaPipe run) / the simulator's prediction
    from the run's own profile.json: its measured costs and the link its workers measured at
    start-up, timing the phases the run actually had (goal within 5%); and each run's peak memory
@@ -21,7 +24,8 @@ Step times are the mean over the steady steps (the first and last few and evalua
 Each measurement is repeated, interleaved with the others (the speed of shared cores varies from
 minute to minute); the best and the median of the repeats are printed. Run:
 python scripts/bench_dist.py [--stages 2 4] [--model gpt-nano] [--batch 16] [--microbatches 4]
-[--steps 100] [--repeats 5] [--rounds 60] [--replicas 2] [--replica-schedules 1f1b pipedream]
+[--steps 100] [--repeats 5] [--rounds 60] [--schedules 1f1b zbh1 interleaved pipedream adapipe]
+[--chunks 2] [--replicas 2] [--replica-schedules 1f1b pipedream]
 """
 
 from __future__ import annotations
@@ -51,11 +55,14 @@ from adapipe_cli.train import build  # noqa: E402
 
 SKIP = 5  # steps left out at either end of a run
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
+# adapipe's sync schedules and torch's of the same kind (see the module docstring)
+TORCH = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "interleaved": "ScheduleInterleaved1F1B"}
 
 
 def overrides(args, schedule: str, replicas: int = 1) -> list[str]:
     extra = [ADAPIPE, "heuristic=fixed"] if schedule == "adapipe" else []
     extra += [f"pipeline.replicas={replicas}"] if replicas > 1 else []
+    extra += [f"schedule.chunks={args.chunks}"] if schedule == "interleaved" else []
     return [f"model={args.model}", f"schedule={schedule}", f"pipeline.stages={args.stages}",
             f"pipeline.microbatches={args.microbatches}", f"train.batch_size={args.batch * replicas}",
             f"train.max_steps={args.steps}", f"train.eval_every={args.steps}", "train.progress=off",
@@ -88,14 +95,16 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
 
 
 def peak_rss(out: Path) -> dict:
-    """{driver: MB, workers: [MB per worker, by rank]}: peak RSS of a run in ``out``, from its summary.json."""
+    """{driver: MB, workers: [MB per worker, by rank]}: peak RSS of a run in ``out``, from its summary.json
+    (one row per stage, several per worker with interleaving)."""
     summary = json.loads((out / "summary.json").read_text())
-    return {"driver": summary["driver_peak_rss_mb"], "workers": [m["peak_rss_mb"] for m in summary["memory"]]}
+    workers = {m["rank"]: m["peak_rss_mb"] for m in summary["memory"]}
+    return {"driver": summary["driver_peak_rss_mb"], "workers": [workers[r] for r in sorted(workers)]}
 
 
 # -- torch.distributed.pipelining ----------------------------------------------------------------
-def _torch_rank(rank: int, port: int, args_d: dict, out: str) -> None:
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+def _torch_rank(rank: int, port: int, args_d: dict, schedule: str, out: str) -> None:
+    from torch.distributed import pipelining
 
     from adapipe_cli.data import build_data
     from adapipe_cli.model import lm_loss
@@ -103,19 +112,23 @@ def _torch_rank(rank: int, port: int, args_d: dict, out: str) -> None:
     args = argparse.Namespace(**args_d)
     p = args.stages
     torch.set_num_threads(1)
-    cfg = compose_config(overrides(args, "1f1b"))
+    cfg = compose_config(overrides(args, schedule))
     dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, is_master=False), rank=rank, world_size=p)
     data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
-    (module,), (opt,) = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), which=[rank])
-    sched = Schedule1F1B(PipelineStage(module, rank, p, torch.device("cpu")), n_microbatches=args.microbatches,
-                         loss_fn=lm_loss)
-    params = list(module.parameters())
+    n = build.virtual_stages(cfg)
+    mine = list(range(rank, n, p))  # chunk c on rank c % p, as adapipe places them
+    modules, opts = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), which=mine)
+    stages = [pipelining.PipelineStage(mod, c, n, torch.device("cpu")) for mod, c in zip(modules, mine)]
+    cls = getattr(pipelining, TORCH[schedule])
+    sched = cls(stages[0] if cls is pipelining.Schedule1F1B else stages, n_microbatches=args.microbatches,
+                loss_fn=lm_loss)
+    params = [q for mod in modules for q in mod.parameters()]
 
     def step(t: int) -> None:
         x, y = data.train_batch(t, args.batch)
-        if rank == 0:
-            sched.step(x)
-        elif rank == p - 1:
+        if 0 in mine:
+            sched.step(x, **({"target": y} if n - 1 in mine else {}))
+        elif n - 1 in mine:
             sched.step(target=y)
         else:
             sched.step()
@@ -124,7 +137,8 @@ def _torch_rank(rank: int, port: int, args_d: dict, out: str) -> None:
         coef = min(1.0, cfg.optim.grad_clip / (float(sq.sqrt()) + 1e-6))
         for q in params:
             q.grad.mul_(coef)
-        opt.step(1.0)
+        for opt in opts:
+            opt.step(1.0)
 
     ends = []
     dist.barrier()
@@ -149,8 +163,9 @@ def ranks(n: int, target, *args) -> None:
         raise SystemExit(f"a benchmark rank failed: {[p.exitcode for p in procs]}")
 
 
-def torch_step_time(args, out: Path) -> float:
-    ranks(args.stages, _torch_rank, vars(args), str(out))
+def torch_step_time(args, schedule: str, out: Path) -> float:
+    """Torch's step time for adapipe's sync ``schedule`` (:data:`TORCH`): the slowest rank's."""
+    ranks(args.stages, _torch_rank, vars(args), schedule, str(out))
     return max(json.loads(Path(out, f"torch{r}.json").read_text()) for r in range(args.stages))
 
 
@@ -227,7 +242,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=60, help="paired rounds of 20 messages each way (0: skip)")
-    ap.add_argument("--schedules", nargs="+", default=["1f1b", "pipedream", "adapipe"])
+    ap.add_argument("--schedules", nargs="+", default=["1f1b", "zbh1", "interleaved", "pipedream", "adapipe"])
+    ap.add_argument("--chunks", type=int, default=2, help="model chunks per worker of schedule=interleaved")
     ap.add_argument("--replicas", type=int, nargs="*", default=[], help="replica counts R > 1 to run (section 4)")
     ap.add_argument("--replica-schedules", nargs="+", default=["1f1b", "pipedream"])
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
@@ -250,7 +266,8 @@ def main() -> None:
         cores, most = os.cpu_count() or 1, max(replicas) * max(depths)
         if cores < most:  # the simulator gives every worker its own device
             header += f" (only {cores} cores for up to {most} workers: they share them, the simulator assumes they do not)"
-    runs = {(p, s): [] for p in depths for s in ["torch", *args.schedules]}
+    twins = [s for s in args.schedules if s in TORCH]  # the schedules torch has too
+    runs = {(p, s): [] for p in depths for s in [*(f"torch-{s}" for s in twins), *args.schedules]}
     runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
     memory = {(p, s): [] for p in depths for s in [*args.schedules, *(replica_key(s, r) for s in rsched for r in [1, *replicas])]}  # peak_rss() of each repeat
     transport = None
@@ -264,7 +281,8 @@ def main() -> None:
     for i in range(args.repeats):
         for p in depths:
             args.stages = p
-            runs[(p, "torch")].append(torch_step_time(args, out))
+            for schedule in twins:
+                runs[(p, f"torch-{schedule}")].append(torch_step_time(args, schedule, out))
             for schedule in args.schedules:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
@@ -297,9 +315,12 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
     rows = []
     fmt = lambda xs: f"{min(xs):.3f} / {statistics.median(xs):.3f}" if xs else "-"  # noqa: E731
     for p in depths:
-        torch_t = runs[(p, "torch")]
-        rows.append((f"p={p}: 1f1b step, torch Schedule1F1B (ms)", fmt([1e3 * t for t in torch_t]), "best / median"))
         for schedule in schedules:
+            # (a bench.json from before the zero-bubble and interleaved twins names torch's 1F1B "torch")
+            torch_t = runs.get((p, f"torch-{schedule}")) or (runs.get((p, "torch")) if schedule == "1f1b" else None)
+            if torch_t:
+                rows.append((f"p={p}: {schedule} step, torch {TORCH[schedule]} (ms)", fmt([1e3 * t for t in torch_t]),
+                             "best / median"))
             rs = runs[(p, schedule)]
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile"))
@@ -307,9 +328,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             if memory and memory.get((p, schedule)):
                 rows.append((f"p={p}: {schedule} peak RSS (MB)", rss_row(memory[(p, schedule)]),
                              "median of repeats; workers by rank"))
-        if "1f1b" in schedules:
-            ratio = [a[0] / t for a, t in zip(runs[(p, "1f1b")], torch_t)]
-            rows.append((f"p={p}: 1f1b adapipe / torch", fmt(ratio), f"{len(ratio)} paired repeats; goal median <= 1.0"))
+            if torch_t:
+                ratio = [a[0] / t for a, t in zip(rs, torch_t)]
+                rows.append((f"p={p}: {schedule} adapipe / torch", fmt(ratio),
+                             f"{len(ratio)} paired repeats; goal median <= 1.0"))
         for schedule in replica_schedules:
             one = runs[(p, replica_key(schedule, 1))]
             for r in replicas:

@@ -56,6 +56,15 @@ def test_joined_profiles_keep_each_stages_measurement():
     assert len(warned) == 1 and "stage 1's forward" in warned[0]  # 1.5x between its passes
 
 
+def test_joined_profile_of_workers_with_two_chunks_is_in_virtual_stage_order():
+    """Worker d measured its chunks d and d + p: virtual stage c is entry c // p of part c % p."""
+    parts = [CostProfile([1.0, 3.0], [2.0, 6.0], [0.1, 0.3], 8.0, {"device": "cpu"}, memory={"params": [10.0, 30.0]}),
+             CostProfile([2.0, 4.0], [4.0, 8.0], [0.2, 0.4], 8.0, {"device": "cpu"}, memory={"params": [20.0, 40.0]})]
+    prof = join_profiles(parts, warn=lambda line: None, chunks=2)
+    assert (prof.forward, prof.backward, prof.update) == ([1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 6.0, 8.0], [0.1, 0.2, 0.3, 0.4])
+    assert prof.memory == {"params": [10.0, 20.0, 30.0, 40.0]} and prof.meta["devices"] == ["cpu"] * 4
+
+
 def test_clock_choices(make_cfg):
     from adapipe_cli.config import ConfigError
     from adapipe_cli.train.build import clock_mode
@@ -169,3 +178,15 @@ def test_a_resumed_dist_run_on_the_profiled_clock_repeats_itself(tmp_path):
     assert main(["train", f"train.resume={cut}"]) == 0
     steps = lambda d: [r for r in all_records(d) if r["kind"] == "step"]  # noqa: E731
     assert steps(cut) == steps(whole) and {r["phase"] for r in steps(whole)[:13]} == {SYNC, ASYNC}
+
+
+@pytest.mark.slow  # two runs, one of them dist, of about 10 s
+def test_interleaved_on_dist_with_the_profiled_clock_is_the_local_run(make_cfg, tmp_path):
+    """Interleaved 1F1B (two chunks per worker) on the pipeline clock of a uniform profile of the
+    four virtual stages: every record of the dist run, times and evaluations included, is the local run's."""
+    args = ["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=4", "pipeline.clock=profiled",
+            f"pipeline.profile={uniform_profile(tmp_path, 4)}"]
+    ls = train(make_cfg(*args), tmp_path / "local")
+    ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    assert all_records(tmp_path / "dist") == all_records(tmp_path / "local")
+    assert (ds["clock"], ds["time_s"]) == ("pipeline", ls["time_s"])

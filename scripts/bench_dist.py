@@ -267,6 +267,11 @@ def main() -> None:
         if cores < most:  # the simulator gives every worker its own device
             header += f" (only {cores} cores for up to {most} workers: they share them, the simulator assumes they do not)"
     twins = [s for s in args.schedules if s in TORCH]  # the schedules torch has too
+    blocks = compose_config([f"model={args.model}"]).model.n_layer
+    # interleaving cuts p x chunks chunks of at least one block each: deeper pipelines are left out
+    fits = lambda p, s: s != "interleaved" or p * args.chunks <= blocks  # noqa: E731
+    if any(not fits(p, s) for p in depths for s in args.schedules):
+        header += f"; interleaved left out where stages x {args.chunks} chunks > the model's {blocks} blocks"
     runs = {(p, s): [] for p in depths for s in [*(f"torch-{s}" for s in twins), *args.schedules]}
     runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
     memory = {(p, s): [] for p in depths for s in [*args.schedules, *(replica_key(s, r) for s in rsched for r in [1, *replicas])]}  # peak_rss() of each repeat
@@ -281,9 +286,9 @@ def main() -> None:
     for i in range(args.repeats):
         for p in depths:
             args.stages = p
-            for schedule in twins:
+            for schedule in [s for s in twins if fits(p, s)]:
                 runs[(p, f"torch-{schedule}")].append(torch_step_time(args, schedule, out))
-            for schedule in args.schedules:
+            for schedule in [s for s in args.schedules if fits(p, s)]:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()

@@ -58,9 +58,10 @@ keys (``back/{n}/go``).
 
 Interleaved 1F1B (``schedule.chunks = v > 1``): the worker of rank ``d`` holds the virtual
 stages ``d, d + p, ..., d + (v - 1) p``, each an executor with its own program, and runs them in
-its device's order (:func:`..schedules.interleaved.device_picks`); an evaluation runs as soon as
-it heads a chunk's list (it needs only the previous chunk's), in chunk order. The gate, the
-report, the held-out signal and a checkpoint's or snapshot's cut are per rank: before the first
+its device's order (:func:`..schedules.interleaved.device_picks`); an evaluation runs on its
+chunk's turn, before the chunk's first forward of the step (it needs only the previous chunk's
+evaluation, which precedes that chunk's first forward too), and those after the last step in
+chunk order. The gate, the report, the held-out signal and a checkpoint's or snapshot's cut are per rank: before the first
 of the rank's updates of a step, and after the last. A step is flushed (interleaving is sync
 only), so nothing crosses the cut.
 
@@ -321,15 +322,15 @@ class Worker:
             self._execute(j, a)
 
     def _next(self) -> tuple[int, Action | None]:
-        """The local chunk to run next and its action: an evaluation heading a chunk's list (the
-        first such chunk), else the chunk whose turn it is in the device's order."""
-        if self.v > 1:
-            for j, order in enumerate(self.orders):
-                a = order.peek()
-                if a is not None and a.kind == EVAL:
-                    return j, a
+        """The local chunk to run next and its action: the chunk whose turn it is in the device's
+        order (an evaluation before its first forward of a step runs on that turn), or once its
+        list has ended, the first chunk whose list has not (the evaluations after the last step)."""
         j = self.turns[self.turn]
-        return j, self.orders[j].peek()
+        a = self.orders[j].peek()
+        for k in range(self.v if a is None else 0):
+            if (b := self.orders[k].peek()) is not None:
+                return k, b
+        return j, a
 
     def _gate(self, step: int) -> str:
         """Wait for the driver's verdict on ``U(step)``: ``go`` (``snap``: keep a snapshot here
@@ -357,11 +358,11 @@ class Worker:
     def _execute(self, j: int, a: Action) -> None:
         t0, w0 = time.perf_counter(), self.transport.wait_s
         ex = self.exs[j]
-        if a.kind == UPDATE and a.phase == SYNC:  # the worker's other chunks post their shares of the collectives first
-            for k, other in enumerate(self.exs):
+        if a.kind == UPDATE and a.phase == SYNC:  # the worker's later chunks post their shares of the collectives first
+            for k in range(j + 1, self.v):  # (their updates follow this one in the device's order)
                 nxt = self.programs[k].peek()
-                if k != j and nxt is not None and nxt.kind == UPDATE and nxt.step == a.step:
-                    other.ready(nxt)
+                if nxt is not None and nxt.kind == UPDATE and nxt.step == a.step:
+                    self.exs[k].ready(nxt)
         if not ex.ready(a):  # a synchronous update runs its collectives here
             raise RuntimeError(f"stage {ex.s} (rank {self.rank}): {a} not ready on a blocking transport")
         ex.run(a)

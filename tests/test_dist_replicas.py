@@ -26,13 +26,14 @@ from test_dist import SWITCHES, Run, error_line, local_and_dist
 R2 = ["pipeline.replicas=2", "pipeline.stages=2", "pipeline.microbatches=2"]
 
 
-def assert_same_run(local, dist, replicas=2, stages=2):
+def assert_same_run(local, dist, replicas=2, stages=2, chunks=1):
     (ls, lsteps, levals), (ds, dsteps, devals) = local, dist
     assert dsteps == lsteps
     assert devals == levals and [v for v, _ in devals] == [0, 4, 8, 12]
     assert ds["final_val_loss"] == ls["final_val_loss"] and ds["replicas"] == replicas
+    # a row per (virtual) stage of each replica; virtual stage c on its replica's rank c % p
     assert [(m["replica"], m["stage"], m["rank"]) for m in ds["memory"]] == [
-        (r, s, r * stages + s) for r in range(replicas) for s in range(stages)]
+        (r, c, r * stages + c % stages) for r in range(replicas) for c in range(stages * chunks)]
 
 
 @pytest.mark.slow  # two runs of 4 worker processes each, over 10 s on 2 busy cores
@@ -42,10 +43,11 @@ def assert_same_run(local, dist, replicas=2, stages=2):
     ("adapipe", [SWITCHES, "heuristic=fixed"]),  # every replica switches at the same steps
     ("gpipe", ["model.tie_embeddings=true", "optim.grad_clip=0.05"]),  # tied ends, clip by the mean's norm
     ("2bw", ["optim.grad_clip=0.05"]),  # async clipping by the gossiped estimate of the mean's norm
+    ("interleaved", ["model.tie_embeddings=true"]),  # 2 chunks per worker, each all-reduced with its copy
 ])
 def test_dist_replicas_equal_the_local_emulation(make_cfg, tmp_path, schedule, extra):
     local, dist = local_and_dist(make_cfg, tmp_path, *R2, f"schedule={schedule}", *extra)
-    assert_same_run(local, dist)
+    assert_same_run(local, dist, chunks=2 if schedule == "interleaved" else 1)
     assert (tmp_path / "dist" / "workers" / "replica1-stage0.log").is_file()
     assert "replicas=2" in (tmp_path / "dist" / "run.log").read_text().splitlines()[0]
 
@@ -171,6 +173,19 @@ def test_adapipe_with_replicas_takes_the_local_runs_decisions(make_cfg, tmp_path
     assert ls["switches"] == ds["switches"] >= 2 and ds["time_s"] == ls["time_s"]
     no_ar = train(make_cfg(*args[:-3], args[-1]), tmp_path / "free")
     assert ls["time_s"] > no_ar["time_s"]  # (the all-reduce is on the clock)
+
+
+@pytest.mark.slow
+def test_interleaved_replicas_on_the_pipeline_clock_are_the_local_run(make_cfg, tmp_path):
+    """Interleaved 1F1B (2 chunks per worker) with replicas on the profiled clock: every virtual
+    stage's all-reduce on the replayed clock, the local run's times and numbers, bitwise."""
+    from test_dist_adapipe import all_records, uniform_profile
+
+    args = [*R2, "schedule=interleaved", "pipeline.clock=profiled", "pipeline.dp_bandwidth=2e6",
+            f"pipeline.profile={uniform_profile(tmp_path, 4)}"]
+    ls = train(make_cfg(*args), tmp_path / "local")
+    ds = train(make_cfg(*args, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+    assert all_records(tmp_path / "dist") == all_records(tmp_path / "local") and ds["time_s"] == ls["time_s"]
 
 
 @pytest.mark.slow

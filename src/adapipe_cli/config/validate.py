@@ -91,8 +91,6 @@ def _check_chunks(cfg) -> None:
                                           f"pipeline.stages={p.stages} (got {p.microbatches})")
     _need(p.runtime != "dist" or p.stages > 1, "schedule=interleaved on pipeline.runtime=dist needs pipeline.stages >= 2 "
                                                "(a worker does not send to itself): use more stages or pipeline.runtime=local")
-    _need(p.runtime != "dist" or p.replicas == 1, f"schedule=interleaved with pipeline.replicas={p.replicas} runs on "
-                                                  "pipeline.runtime=local only: use replicas=1 on dist")
 
 
 def _check_schedule(cfg) -> None:

@@ -6,7 +6,7 @@ per-step permission to update, per-step reports, evaluation results and errors. 
 
     spec                 the run (config, eval steps, backend, devices), written once by the driver
     ready/{r}            rank r has built its stage
-    grad_bytes/{s}       stage s's parameter bytes (replica 0's), all-reduced across replicas on the pipeline clock
+    grad_bytes/{s}       (virtual) stage s's parameter bytes, all-reduced across replicas on the pipeline clock
     link/{r}             the link from rank r to rank r + 1, measured at start-up (DistTransport.measure_link)
     phase/{u}            phase of step u ("sync" | "async"), or "end" / "abort"
     go/{t}               "go": every stage may apply U(t); "end" | "eval" | "abort": stop before it

@@ -224,7 +224,8 @@ class Worker:
                                        on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING),
                                        window=m + 2 * p + len(val) + 1,  # (above any schedule's sends in flight)
                                        base=self.replica * p, chunks=v)
-        dp = ReplicaGroup(s, self.replica, R, DistAllReduce(groups[("dp", s)], self.transport)) if R > 1 else None
+        # each chunk's all-reduce with its R copies, in the device's order on every replica: one group per device
+        allreduce = DistAllReduce(groups[("dp", s)], self.transport) if R > 1 else None
         self.act_numel = micro * T * d
         # R x m microbatches per step; this replica's are shares r*m .. r*m + m - 1 (as on the local runtime)
         batches = replica_batch(build.Batches(data, cfg.train.batch_size, m * R), self.replica, m)
@@ -234,7 +235,8 @@ class Worker:
         self.programs = [StageProgram(c, choice.spec, self.plan, self.eval_at) for c in self.chunks]
         self.exs = [StageExecutor(c, p * v, m, module, opt, self.transport, batch, policy, prog,
                                   grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
-                                  tied=tied, precision=cfg.train.get("precision", "fp32"), dp=dp)
+                                  tied=tied, precision=cfg.train.get("precision", "fp32"),
+                                  dp=ReplicaGroup(c, self.replica, R, allreduce) if R > 1 else None)
                     for c, module, opt, prog in zip(self.chunks, modules, opts, self.programs)]
         for ex in self.exs:
             ex.val = val
@@ -265,8 +267,8 @@ class Worker:
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> None:
-        if self.reporter:  # the bytes this stage all-reduces across replicas (the pipeline clock's)
-            self.board.put(f"grad_bytes/{self.stage}", float(sum(q.numel() * q.element_size() for q in self.ex.params)))
+        for ex in self.exs if self.reporter else []:  # the bytes each (virtual) stage all-reduces across replicas
+            self.board.put(f"grad_bytes/{ex.s}", float(sum(q.numel() * q.element_size() for q in ex.params)))
         self.board.put(f"ready/{self.rank}", os.getpid())
         # before the restore, which waits for the driver, who waits for this (see DistRuntime.link)
         link = self.transport.measure_link(self.act_numel) if self.replica == 0 else None

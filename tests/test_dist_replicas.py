@@ -231,11 +231,12 @@ def test_torchrun_on_two_nodes_keeps_each_replica_on_one_node(make_cfg, tmp_path
 
     from procs import ENV
 
-    train(make_cfg(*R2), tmp_path / "local")
+    args = [*R2, "schedule=pipedream"]  # (not the default AdaPipe: it follows each runtime's clock)
+    train(make_cfg(*args), tmp_path / "local")
     port = 29400 + os.getpid() % 500
     cmd = lambda node: [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",  # noqa: E731
                         "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                        "-m", "adapipe_cli.cli.main", "train", *TINY, *R2, "pipeline.runtime=dist",
+                        "-m", "adapipe_cli.cli.main", "train", *TINY, *args, "pipeline.runtime=dist",
                         "pipeline.timeout_s=60", f"hydra.run.dir={tmp_path / 'torchrun'}"]
     nodes = [subprocess.Popen(cmd(n), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (0, 1)]
     outs = [p.communicate(timeout=300) for p in nodes]

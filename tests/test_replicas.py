@@ -199,6 +199,22 @@ def test_bad_replica_settings_are_one_line_and_exit_2(overrides, message, capsys
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("schedule,stages,replicas,gpus,kind", [
+    ("interleaved", 2, 2, 4, "dist"),  # a GPU per worker: chunks with replicas run on dist
+    ("interleaved", 2, 2, 3, "local"),  # one GPU short
+    ("1f1b", 2, 2, 4, "dist"),
+    ("interleaved", 1, 2, 8, "local"),  # one stage: a worker would send to itself
+])
+def test_auto_runtime_picks_dist_when_there_is_a_gpu_per_worker(schedule, stages, replicas, gpus, kind,
+                                                                make_cfg, monkeypatch):
+    from adapipe_cli.train.setup import runtime_kind
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    cfg = make_cfg(f"schedule={schedule}", f"pipeline.stages={stages}", f"pipeline.replicas={replicas}",
+                   "pipeline.runtime=auto", "pipeline.microbatches=2")
+    assert runtime_kind(cfg) == kind
+
+
 # -- the all-reduce on the clock and in the simulator ---------------------------------------------
 from adapipe_cli.simulator.clock import ALLREDUCE, AllReduceModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402

@@ -34,8 +34,8 @@ def runtime_kind(cfg) -> str:
     (stage of each replica)."""
     if cfg.pipeline.runtime != "auto":
         return cfg.pipeline.runtime
-    if cfg.schedule.name == "interleaved" and (cfg.pipeline.stages < 2 or cfg.pipeline.replicas > 1):
-        return "local"  # (a worker does not send to itself; chunks with replicas are the local runtime's)
+    if cfg.schedule.name == "interleaved" and cfg.pipeline.stages < 2:
+        return "local"  # a worker does not send to itself
     workers = cfg.pipeline.stages * cfg.pipeline.replicas
     return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "local"
 

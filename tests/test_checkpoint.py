@@ -253,6 +253,15 @@ def test_a_profile_with_another_link_is_another_clock(make_cfg):
                         "profile the run used (its profile.json)")
         assert fingerprint.refusal(cfg, "CK", {"fingerprints": {fingerprint.PROFILE: linked[fingerprint.PROFILE]}},
                                    now) is None  # (an older checkpoint)
+    # a configured link (pipeline.link_latency_s / link_bandwidth) is what the clock charges: the
+    # profile's link then does not matter
+    assert fingerprint.link_configured(make_cfg("pipeline.link_latency_s=1e-4"))
+    assert not fingerprint.link_configured(cfg)
+    configured = fingerprint.profile_fingerprints(profile({"latency_s": 1e-3, "bandwidth": 1e8}), True)
+    for link in ({"latency_s": 1e-3, "bandwidth": 5e7}, {}):
+        now = fingerprint.profile_fingerprints(profile(link), True)
+        assert fingerprint.refusal(cfg, "CK", {"fingerprints": configured}, now) is None
+    assert fingerprint.refusal(cfg, "CK", {"fingerprints": configured}, linked) is not None
 
 
 def test_resume_refuses_another_thread_count(tmp_path, capsys):

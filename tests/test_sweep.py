@@ -431,37 +431,53 @@ def test_a_sweep_without_an_added_method_saving_last_keeps_it(tmp_path):
     assert set(load_grid([*TINY_GRID, d]).methods) <= set(saved["methods"])
 
 
+def _markdown(d):
+    """results.md's text for sweep directory ``d``, without the plots."""
+    from adapipe_cli.sweep.markdown import render
+    from adapipe_cli.sweep.report import load_state
+    from adapipe_cli.sweep.results import collect, table, targets_of
+
+    state = load_state(d)
+    rows = collect(d, state)
+    return render(state, rows, {w: table(rows, state["methods"], w) for w in targets_of(rows)})
+
+
 def test_report_against_the_best_fixed_method(tmp_path):
     """The hand sweep: p2_b4 async is the best fixed method at both targets (early 9 against sync's
     12: adapipe 7/9 = 0.78; late 14 against 17: 12/14 = 0.86): no crossing, goal 1.02, met.
     p4_b4: async has no run, sync 20; adapipe's median is not reached, so its ratio is at least
     median(10, 30, 30) / 20 = 1.50: missed. A crossing sweep (sync best early at 10 against async's
     14, async best late at 20 against sync's 30): goal 0.95; adapipe 11/10 = 1.10 missed early,
-    18/20 = 0.90 met late."""
+    18/20 = 0.90 met late. Its p4_b4: no fixed method reaches the early target (sync ran 10 s, the
+    best), adapipe does at 15: the ratio is at most 15/10 = 1.5, a bound above the goal: unknown."""
     (tmp_path / "a").mkdir()
     _hand_sweep(tmp_path / "a")
-    write_report(tmp_path / "a")
-    md = (tmp_path / "a" / "results.md").read_text().split("## Against the best fixed method")[1]
+    md = _markdown(tmp_path / "a").split("## Against the best fixed method")[1]
     assert "| 2 | 4 | early | async 9 (8–n.r.) | 0.78 [" in md and "adapipe: met (<= 1.02) |" in md, md
     assert "| 2 | 4 | late | async 14 (13–n.r.) | 0.86 [" in md, md
     assert "| 4 | 4 | early | sync 20 (20–20) | >=1.50 [" in md and "adapipe: missed (> 1.02) |" in md, md
 
     d = tmp_path / "b"
     methods = ["sync", "async", "adapipe"]
-    cells = [{"name": f"p2_b4_{m}_s{s}", "setting": "p2_b4", "stages": 2, "microbatches": 2, "batch_size": 4,
-              "method": m, "seed": s} for m in methods for s in range(3)]
+    cells = [{"name": f"p{p}_b4_{m}_s{s}", "setting": f"p{p}_b4", "stages": p, "microbatches": 2, "batch_size": 4,
+              "method": m, "seed": s} for p in (2, 4) for m in methods for s in range(3)]
     state = {"name": "cross", "methods": methods, "compare": "adapipe", "curves": None, "cells": cells,
              "definition": {"target": {"rule": "fixed", "ppl": 10.0, "baseline": "sync"},
                             "late_target": {"rule": "sync_best", "baseline": "sync"},
                             "methods": {"sync": ["schedule=1f1b"], "async": ["schedule=pipedream"],
                                         "adapipe": ["schedule=adapipe"]}},
-             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}}, "late_targets": {"p2_b4": {"ppl": 8.5}}}
+             "profiles": {}, "targets": {"p2_b4": {"ppl": 10.0}, "p4_b4": {"ppl": 10.0}},
+             "late_targets": {"p2_b4": {"ppl": 8.5}, "p4_b4": {"ppl": 8.5}}}
     d.mkdir()
     (d / "sweep.json").write_text(json.dumps(state))
     for m, (early, late), frac in (("sync", (10, 30), 0.0), ("async", (14, 20), 1.0), ("adapipe", (11, 18), 0.6)):
         for s in range(3):
             _run(d / f"p2_b4_{m}_s{s}", [(0, 100.0, 0.0), (10, 9.0, early), (20, 8.0, late)], async_fraction=frac)
-    write_report(d)
-    md = (d / "results.md").read_text().split("## Against the best fixed method")[1]
+    for s in range(3):
+        _run(d / f"p4_b4_sync_s{s}", unreached(10, 12.0))
+        _run(d / f"p4_b4_async_s{s}", unreached(12, 12.0), async_fraction=1.0)
+        _run(d / f"p4_b4_adapipe_s{s}", [(0, 100.0, 0.0), (10, 9.0, 15), (20, 8.0, 25)], async_fraction=0.5)
+    md = _markdown(d).split("## Against the best fixed method")[1]
     assert "| 2 | 4 | early (crossing) | sync 10 (10–10) | 1.10 [1.10, 1.10] | adapipe: missed (> 0.95) |" in md, md
     assert "| 2 | 4 | late (crossing) | async 20 (20–20) | 0.90 [0.90, 0.90] | adapipe: met (<= 0.95) |" in md, md
+    assert "| 4 | 4 | early | sync n.r. (best 12) | <=1.50 [" in md and "adapipe: unknown (a bound, goal 1.02) |" in md, md

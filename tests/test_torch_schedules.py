@@ -84,11 +84,17 @@ def torch_gradients(tmp_path, schedule: str, p: int, v: int, m: int) -> dict[int
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = worker_context()
     procs = [ctx.Process(target=_torch_rank, args=(r, store.port, schedule, p, v, m, str(tmp_path))) for r in range(p)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(180)
-    assert [proc.exitcode for proc in procs] == [0] * p
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(180)
+        assert [proc.exitcode for proc in procs] == [0] * p
+    finally:  # a hung or failed rank must not outlive the test
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
     grads: dict[int, list[torch.Tensor]] = {}
     for r in range(p):
         grads.update(torch.load(tmp_path / f"rank{r}.pt"))
@@ -125,7 +131,7 @@ def assert_same(ours: dict, theirs: dict) -> None:
 
 
 @pytest.mark.parametrize("schedule,p,v,m,ours", [
-    ("ScheduleInterleaved1F1B", 2, 2, 4, ("interleaved", 2, 2)),
+    pytest.param("ScheduleInterleaved1F1B", 2, 2, 4, ("interleaved", 2, 2), marks=pytest.mark.slow),  # ~9 s: gloo ranks
     pytest.param("ScheduleInterleavedZeroBubble", 2, 2, 4, ("interleaved", 2, 2), marks=pytest.mark.slow),
     pytest.param("ScheduleInterleavedZeroBubble", 2, 1, 4, ("zbh1", 2, 1), marks=pytest.mark.slow),
     pytest.param("ScheduleZBVZeroBubble", 2, 2, 4, ("zbh1", 4, 1), marks=pytest.mark.slow),

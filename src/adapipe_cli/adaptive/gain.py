@@ -88,7 +88,7 @@ class Gain(Prober):
         """One Kalman step: the belief widens by the unseen drift since the last probe (``drift``
         per doubling of the step, relative to E or to break-even 1/R, whichever is larger), then
         takes in the probe's estimate by its precision."""
-        widen = self.cfg.drift * max(abs(self.E), 1.0 / R) * math.log2(max(step, 1) / self.belief_step)
+        widen = self.cfg.drift * max(abs(self.E), 1.0 / R if R > 0 else 0.0) * math.log2(max(step, 1) / self.belief_step)
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = self.E + k * (e_hat - self.E), (1 - k) * prior_var, max(step, 1)

@@ -56,14 +56,22 @@ def profile_fingerprint(profile) -> str:
     return hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()
 
 
-def link_fingerprint(profile) -> str:
-    """SHA-256 of the link a cost profile holds (``{}`` when it holds none)."""
-    return hashlib.sha256(json.dumps(profile.link or {}, sort_keys=True).encode()).hexdigest()
+def link_fingerprint(profile, configured: bool = False) -> str:
+    """SHA-256 of the link a cost profile holds (``{}`` when it holds none); of a constant when a
+    link is configured (``pipeline.link_latency_s`` or ``pipeline.link_bandwidth``), which the clock
+    charges instead (a configured key itself is compared with the configuration)."""
+    link = {"configured": True} if configured else (profile.link or {})
+    return hashlib.sha256(json.dumps(link, sort_keys=True).encode()).hexdigest()
 
 
-def profile_fingerprints(profile) -> dict[str, str]:
+def link_configured(cfg) -> bool:
+    """Whether the run's configuration sets the link, so that the profile's is not used."""
+    return bool(cfg.pipeline.link_latency_s or cfg.pipeline.link_bandwidth)
+
+
+def profile_fingerprints(profile, configured_link: bool = False) -> dict[str, str]:
     """{cost profile, profile link: SHA-256} of the run's cost profile."""
-    return {PROFILE: profile_fingerprint(profile), LINK: link_fingerprint(profile)}
+    return {PROFILE: profile_fingerprint(profile), LINK: link_fingerprint(profile, configured_link)}
 
 
 def first_change(saved: dict, now: dict) -> str | None:

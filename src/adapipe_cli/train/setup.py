@@ -202,7 +202,7 @@ class RunSetup:
     def _use_profile(self, prof: CostProfile) -> CostProfile:
         """Record ``prof`` as the run's profile; refused, on resume, when it differs from the
         checkpoint's."""
-        self.fingerprints.update(fingerprint.profile_fingerprints(prof))
+        self.fingerprints.update(fingerprint.profile_fingerprints(prof, fingerprint.link_configured(self.cfg)))
         self._check_fingerprints()  # before profile.json is written: a refused resume changes nothing
         prof.save(self.dir / "profile.json")
         return prof

@@ -17,8 +17,9 @@
    most 10% over).
 4. With --replicas R: R replicas of the pipeline (R x p workers, pipeline.replicas=R), each on the
    R=1 run's batch (train.batch_size R x --batch: the same work per worker): the step time against
-   the simulator's prediction from the run's own profile, with a ring all-reduce over the link the
-   workers measured (goal within 15%), and against R=1 (the same schedule, the same repeat).
+   the simulator's prediction from the run's own profile, with the all-reduce dist runs (an
+   all_gather of each stage's gradient, (R-1) n bytes per rank: ``AllReduceModel``) over the link
+   the workers measured (goal within 15%), and against R=1 (the same schedule, the same repeat).
 
 Step times are the mean over the steady steps (the first and last few and evaluations left out).
 Each measurement is repeated, interleaved with the others (the speed of shared cores varies from
@@ -75,8 +76,8 @@ def window(n: int) -> tuple[int, int]:
 
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
-    profile, link and phases; with replicas, a ring all-reduce of each stage's parameter bytes
-    over that link)."""
+    profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
+    parameter bytes over that link)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -87,9 +88,9 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     prof = CostProfile.load(out / "profile.json")
     plan = Plan(len(steps), [r["phase"] for r in steps])
     link = LinkModel.choose(0.0, 0.0, prof)
-    ring = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
+    allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
     sim = simulate(build.schedule_choice(cfg).spec, plan, prof, link, record=False,
-                   mitigations=list(cfg.schedule.mitigation), allreduce=ring)
+                   mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
     predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
     return measured, predicted
 
@@ -270,7 +271,7 @@ def main() -> None:
     blocks = compose_config([f"model={args.model}"]).model.n_layer
     # interleaving cuts p x chunks chunks of at least one block each: deeper pipelines are left out
     fits = lambda p, s: s != "interleaved" or p * args.chunks <= blocks  # noqa: E731
-    if any(not fits(p, s) for p in depths for s in args.schedules):
+    if any(not fits(p, s) for p in depths for s in [*args.schedules, *rsched]):
         header += f"; interleaved left out where stages x {args.chunks} chunks > the model's {blocks} blocks"
     runs = {(p, s): [] for p in depths for s in [*(f"torch-{s}" for s in twins), *args.schedules]}
     runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
@@ -292,7 +293,7 @@ def main() -> None:
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
-            for schedule in rsched:
+            for schedule in [s for s in rsched if fits(p, s)]:
                 for r in [1, *replicas]:  # (R=1 again, next to R > 1: the same minute's speed)
                     key = replica_key(schedule, r)
                     runs[(p, key)].append(adapipe_run(args, schedule, out / f"p{p}-{key}-{i}", replicas=r))
@@ -343,7 +344,7 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 rs = runs[(p, replica_key(schedule, r))]
                 name = f"p={p} R={r}: {schedule}"
                 rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), f"{r * p} workers"))
-                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile, ring on its link"))
+                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile, all_gather on its link"))
                 rows.append((f"{name} measured / simulated", fmt([m / s for m, s in rs]), "goal within 15%"))
                 pairs = list(zip(rs, one))
                 rows.append((f"{name} step / R=1 step", fmt([a[0] / b[0] for a, b in pairs]),

@@ -220,15 +220,19 @@ from adapipe_cli.simulator.clock import ALLREDUCE, AllReduceModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 
 
-def ring(R, nbytes, bandwidth, latency):
-    """Ring all-reduce: 2 (R-1) messages of n/R bytes, each paying the latency."""
-    return 2 * (R - 1) * (nbytes / R / bandwidth + latency)
+def all_gather(R, nbytes, bandwidth, latency):
+    """What dist runs (DistAllReduce): a ring all_gather of the whole gradient, R-1 messages of n
+    bytes per rank, each paying the latency."""
+    return (R - 1) * (nbytes / bandwidth + latency)
 
 
 @pytest.mark.parametrize("R", [1, 2, 4, 8])
-def test_allreduce_cost_is_the_ring_closed_form(R):
-    assert AllReduceModel(R, 1e9, 1e-5).time(3e6) == pytest.approx(ring(R, 3e6, 1e9, 1e-5), rel=1e-12)
-    assert AllReduceModel(R, 0.0, 0.25).time(3e6) == 2 * (R - 1) * 0.25  # infinite bandwidth: latency only
+def test_allreduce_cost_is_the_all_gather_closed_form(R):
+    assert AllReduceModel(R, 1e9, 1e-5).time(3e6) == pytest.approx(all_gather(R, 3e6, 1e9, 1e-5), rel=1e-12)
+    assert AllReduceModel(R, 0.0, 0.25).time(3e6) == (R - 1) * 0.25  # infinite bandwidth: latency only
+    # a ring all-reduce (2 (R-1)/R n bytes) would cost the same at R=2 only
+    ring = 2 * (R - 1) / R * 3e6 / 1e9
+    assert (AllReduceModel(R, 1e9, 0.0).time(3e6) == pytest.approx(ring)) == (R in (1, 2))
 
 
 @pytest.mark.parametrize("phase,steady", [("sync", lambda p, m, F, B: (m + p - 1) * (F + B)),
@@ -239,7 +243,7 @@ def test_simulated_step_time_adds_the_allreduce_before_each_update(phase, steady
     p, m, F, Bk, steps = 3, 4, 1.0, 2.0, 24
     spec = ScheduleSpec(p, m)
     prof = CostProfile.uniform(p, F, Bk)
-    ar = ring(2, 8e6, 1e8, 0.05)
+    ar = all_gather(2, 8e6, 1e8, 0.05)
     base = simulate(spec, Plan(steps, [phase] * steps), prof)
     res = simulate(spec, Plan(steps, [phase] * steps), prof, allreduce=AllReduceModel(2, 1e8, 0.05),
                    grad_bytes=[8e6] * p)
@@ -277,8 +281,8 @@ def test_simulate_setup_of_replicas():
                           config_name="simulate", check=False)
     setup = prepare(cfg)
     res = simulate(setup.spec, setup.plan, setup.profile, allreduce=setup.allreduce, grad_bytes=setup.grad_bytes)
-    assert res.allreduce_s == [pytest.approx(ring(4, 3e6, 1e6, 0.0))] * 2
-    assert "all-reduce       4.5 s per update" in summary_text("1f1b", setup, res)
+    assert res.allreduce_s == [pytest.approx(all_gather(4, 3e6, 1e6, 0.0))] * 2
+    assert "all-reduce       9 s per update" in summary_text("1f1b", setup, res)
 
 
 @pytest.mark.slow
@@ -287,7 +291,7 @@ def test_simulate_command_with_replicas(tmp_path, capsys):
             "steps=4", f"hydra.run.dir={tmp_path}"]
     assert main(args) == 0
     out = json.loads((tmp_path / "simulation.json").read_text())
-    assert out["allreduce_s"] == [3.0, 3.0]  # 2 (R-1) latencies
-    assert out["step_time"] == pytest.approx(3 * 3.0 + 3.0)  # (m + p - 1)(F + B) + the all-reduce
-    assert "all-reduce       3 s per update" in capsys.readouterr().out
+    assert out["allreduce_s"] == [1.5, 1.5]  # R-1 latencies
+    assert out["step_time"] == pytest.approx(3 * 3.0 + 1.5)  # (m + p - 1)(F + B) + the all-reduce
+    assert "all-reduce       1.5 s per update" in capsys.readouterr().out
     assert (tmp_path / "timeline.png").stat().st_size > 0

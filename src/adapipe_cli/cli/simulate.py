@@ -185,7 +185,7 @@ def summary_text(name: str, setup: Setup, res) -> str:
     ]
     if res.replicas > 1:
         lines.append(f"all-reduce       {max(res.allreduce_s):.6g} s per update at the slowest stage "
-                     f"({res.replicas} replicas, ring; counted in the bubble)")
+                     f"({res.replicas} replicas, all_gather; counted in the bubble)")
     if spec.sync == "zbh2" and "sync" in phases_used:
         lines.append("note: zbh2's updates " + ("wait for every stage (clipping by the global norm or tied embeddings): "
                                                 "optim.grad_clip=0 with untied embeddings lets its steps overlap"

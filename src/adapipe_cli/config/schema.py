@@ -65,10 +65,10 @@ class PipelineConfig:
     link_latency_s: float = 0.0
     link_bandwidth: float = 0.0  # bytes per second; 0 means infinite
     # data parallel x pipeline: R replicas of the pipeline share each step's batch; each stage
-    # all-reduces its gradient with its R-1 copies at its update (ring: see simulator/clock.py)
+    # all-reduces its gradient with its R-1 copies at its update (an all_gather: see simulator/clock.py)
     replicas: int = 1
-    dp_bandwidth: float = 0.0  # bytes per second of each replica's link in the ring; 0 means infinite
-    dp_latency_s: float = 0.0  # seconds per message of the ring
+    dp_bandwidth: float = 0.0  # bytes per second of each replica's link in the all_gather; 0 means infinite
+    dp_latency_s: float = 0.0  # seconds per message of the all_gather
     timeout_s: float = 300.0
     # torch threads per process (0: torch's default). 1: the profiled clock times each action on one
     # core, as a device of its own would run it; with several threads on a shared machine the

@@ -216,7 +216,7 @@ class DistRuntime:
                 # the configured link, else the profile's (the given one's, or the one measured now):
                 # the link a local run given this run's profile.json charges
                 link = LinkModel.choose(spec.link.latency, spec.link.bandwidth, self.profile)
-                # with replicas, the ring all-reduce of each stage's parameter bytes before its updates (as on local)
+                # with replicas, the all-reduce (all_gather) of each stage's parameter bytes before its updates (as on local)
                 ar = allreduce_times(AllReduceModel(self.R, cfg.pipeline.dp_bandwidth, cfg.pipeline.dp_latency_s),
                                      self._collect([f"grad_bytes/{s}" for s in range(self.p * self.chunks)]))
                 self.replay = Replay(spec.schedule, self.plan, self.profile, link, list(cfg.schedule.mitigation),

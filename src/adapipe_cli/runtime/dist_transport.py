@@ -314,8 +314,8 @@ class DistAllReduce:
     """The transport of a stage's gradient all-reduce across its R copies (``("dp", s)`` of
     :func:`build_groups`, :class:`.replicas.ReplicaGroup`): one all_gather of the whole gradient,
     flattened, then the sum in replica order, so that every copy gets the local emulation's bits
-    (:class:`.transport.LocalTransport`). An all_gather moves ``(R-1) n`` bytes per rank where a ring
-    all-reduce moves ``2 (R-1)/R n``: the same at R=2. Its wait is not busy time (``via``'s wait_s)."""
+    (:class:`.transport.LocalTransport`). It moves ``(R-1) n`` bytes per rank, what the clock charges
+    (:class:`.AllReduceModel`). Its wait is not busy time (``via``'s wait_s)."""
 
     def __init__(self, group, via: DistTransport):
         self.group, self.via = group, via

@@ -145,9 +145,11 @@ class LinkModel:
 
 @dataclass
 class AllReduceModel:
-    """Ring all-reduce of ``n`` gradient bytes among the same stage of ``replicas`` pipelines:
-    ``2 (R-1)/R * n / bandwidth + 2 (R-1) * latency`` (reduce-scatter then all-gather, R-1 messages
-    of n/R bytes each; bandwidth 0 means infinite). One replica costs 0."""
+    """The all-reduce adapipe runs among the same stage of ``replicas`` pipelines: an all_gather of
+    the stage's ``n`` flattened gradient bytes, then the sum in replica order (bitwise the same on
+    every copy and in the local emulation). A ring all_gather sends R-1 messages of n bytes per rank:
+    ``(R-1) * n / bandwidth + (R-1) * latency`` (bandwidth 0 means infinite; a ring all-reduce's
+    ``2 (R-1)/R * n`` equals it at R=2 only). One replica costs 0."""
 
     replicas: int = 1
     bandwidth: float = 0.0  # bytes per second (pipeline.dp_bandwidth)
@@ -157,8 +159,8 @@ class AllReduceModel:
         r = self.replicas
         if r <= 1:
             return 0.0
-        volume = 2 * (r - 1) / r * nbytes
-        return (volume / self.bandwidth if self.bandwidth > 0 else 0.0) + 2 * (r - 1) * self.latency
+        volume = (r - 1) * nbytes
+        return (volume / self.bandwidth if self.bandwidth > 0 else 0.0) + (r - 1) * self.latency
 
 
 def allreduce_times(model: AllReduceModel | None, grad_bytes: list[float]) -> list[float] | None:

@@ -55,7 +55,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
              grad_bytes: list[float] | None = None) -> SimResult:
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
     (``schedule.mitigation``) change the buffers held and the work done; ``allreduce``: the
-    pipeline's replicas and their ring, over ``grad_bytes`` per (virtual) stage (None: the
+    pipeline's replicas and their all-reduce, over ``grad_bytes`` per (virtual) stage (None: the
     profile's parameter bytes)."""
     p, devices = spec.virtual_stages, spec.stages  # (p: stages, virtual with interleaving, as in the local runtime)
     ar = allreduce_times(allreduce, grad_bytes or [profile.stage_bytes(s).params for s in range(p)])

@@ -19,20 +19,22 @@ import torch
 
 from adapipe_cli.cli.compose import compose_config
 from adapipe_cli.data import build_data
+from adapipe_cli.data.batches import Batches
+from adapipe_cli.model.build import make_stages, model_config
+from adapipe_cli.runtime.profile_meta import measure_stage_profile
 from adapipe_cli.schedules import ASYNC, Plan, ScheduleSpec
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.simulate import min_steady_steps, simulate, steady_step_times
-from adapipe_cli.train import build
 
 
 def profile_for(optim: str, p: int, reps: int) -> CostProfile:
     cfg = compose_config(["model=gpt-micro", f"optim={optim}", f"pipeline.stages={p}", "pipeline.microbatches=1",
                           "train.batch_size=4", "pipeline.threads=1", f"pipeline.profile_reps={reps}"])
     data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
-    gcfg = build.model_config(cfg, data.vocab_size)
-    stages, _ = build.make_stages(cfg, gcfg)
-    x, y = build.Batches(data, 4, 1)(0, 0)
-    return build.measure_stage_profile(cfg, stages, x, y)
+    gcfg = model_config(cfg, data.vocab_size)
+    stages, _ = make_stages(cfg, gcfg)
+    x, y = Batches(data, 4, 1)(0, 0)
+    return measure_stage_profile(cfg, stages, x, y)
 
 
 def free_of_extras(prof: CostProfile) -> CostProfile:

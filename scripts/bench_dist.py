@@ -48,11 +48,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
+from adapipe_cli.model.build import make_stages, model_config  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
+from adapipe_cli.schedules.choice import schedule_choice, virtual_stages  # noqa: E402
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
-from adapipe_cli.train import build  # noqa: E402
 
 SKIP = 5  # steps left out at either end of a run
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
@@ -89,7 +90,7 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     plan = Plan(len(steps), [r["phase"] for r in steps])
     link = LinkModel.choose(0.0, 0.0, prof)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
-    sim = simulate(build.schedule_choice(cfg).spec, plan, prof, link, record=False,
+    sim = simulate(schedule_choice(cfg).spec, plan, prof, link, record=False,
                    mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
     predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
     return measured, predicted
@@ -116,9 +117,9 @@ def _torch_rank(rank: int, port: int, args_d: dict, schedule: str, out: str) -> 
     cfg = compose_config(overrides(args, schedule))
     dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", port, is_master=False), rank=rank, world_size=p)
     data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
-    n = build.virtual_stages(cfg)
+    n = virtual_stages(cfg)
     mine = list(range(rank, n, p))  # chunk c on rank c % p, as adapipe places them
-    modules, opts = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), which=mine)
+    modules, opts = make_stages(cfg, model_config(cfg, data.vocab_size), which=mine)
     stages = [pipelining.PipelineStage(mod, c, n, torch.device("cpu")) for mod, c in zip(modules, mine)]
     cls = getattr(pipelining, TORCH[schedule])
     sched = cls(stages[0] if cls is pipelining.Schedule1F1B else stages, n_microbatches=args.microbatches,

@@ -36,7 +36,7 @@ from adapipe_cli.cli.compose import compose_config  # noqa: E402
 from adapipe_cli.sweep.grid import shared_data  # noqa: E402
 from adapipe_cli.data import build_data  # noqa: E402
 from adapipe_cli.model.gpt import build_full_model, lm_loss  # noqa: E402
-from adapipe_cli.train.build import model_config  # noqa: E402
+from adapipe_cli.model.build import model_config  # noqa: E402
 
 
 def grads(model, x, y) -> list[torch.Tensor]:

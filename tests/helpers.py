@@ -53,7 +53,7 @@ def sched_cfg(**kw):
 def local_runtime(p: int, m: int, phases: list[str], data, *, sync="1f1b", weights="stash", gcfg=GCFG,
                   ocfg=None, scfg=None, clip=1.0, order="forward", seed=0, profile=None,
                   precision="fp32", barrier=None, chunks=1):
-    """``barrier`` (None: as a run would choose, see train/build.py): whether sync updates wait;
+    """``barrier`` (None: as a run would choose, see schedules/choice.py): whether sync updates wait;
     ``chunks``: model chunks per device (interleaved: the model is cut into ``p * chunks``)."""
     steps = len(phases)
     plan = Plan(steps, list(phases))

@@ -112,11 +112,11 @@ def _scripted_timer(durations):
 @pytest.mark.parametrize("inflate", ["one round", "a whole pass", "the pass of a 1-round profile"])
 def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, make_cfg):
     from adapipe_cli.runtime.profile import measure_profile
-    from adapipe_cli.train import build
+    from adapipe_cli.model.build import make_stages, model_config
     from adapipe_cli.optim import StageOptimizer
 
     cfg = make_cfg("pipeline.stages=2")
-    stages, _ = build.make_stages(cfg, build.model_config(cfg, 64))
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
     x = torch.randint(0, 64, (2, 16))
     p, per = 2, 14  # per round: stage 0's F, B, U, copy, predict, I, W, then stage 1's
     rounds = 1 if "1-round" in inflate else 3

@@ -3,9 +3,12 @@ below the training loop import neither it nor the CLI (imports run one way)."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
+import adapipe_cli.runtime.base
 from adapipe_cli.runtime.base import Runtime
 from adapipe_cli.runtime.dist import DistRuntime
 from adapipe_cli.runtime.local import LocalRuntime
@@ -26,12 +29,66 @@ def test_both_runtimes_define_the_whole_interface():
     assert LocalRuntime.link is None  # (the dist runtime's is measured when its workers start)
 
 
-def test_imports_run_one_way():
-    """schedules -> model/optim/checkpoint -> runtime/simulator -> ... -> train -> cli: importing the
-    lower layers loads nothing of train/ (a worker builds its stage through train/build.py only
-    when it starts) nor of the CLI."""
+# the parts below the training loop, and those above it (sweep/ runs the CLI's train command)
+BELOW_TRAIN = ("schedules", "optim", "checkpoint", "model", "data", "config", "runtime", "simulator", "adaptive")
+ABOVE = ("train", "cli", "sweep")
+PACKAGE = Path(adapipe_cli.runtime.base.__file__).parents[1]  # (adapipe_cli is a namespace package)
+
+
+def imported_parts(path: Path, package: Path) -> list[tuple[int, str]]:
+    """(line, part of adapipe_cli) of every import in the file at ``path``, at module level or in a
+    function (a lazy import is an import all the same), relative ones resolved against ``package``."""
+    pkg = path.relative_to(package.parent).parts[:-1]  # the package a relative import starts from
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = list(pkg[:len(pkg) - node.level + 1]) if node.level else []
+            targets = [".".join(base + ([node.module] if node.module else []))]
+            if not node.module:  # from .. import train
+                targets = [f"{targets[0]}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            continue
+        found += [(node.lineno, t.split(".")[1]) for t in targets if t.startswith("adapipe_cli.")]
+    return found
+
+
+def upward_imports(package: Path) -> list[str]:
+    """``"runtime/worker.py:181 imports train"`` for each import of a part above the training loop's
+    layer by a file below it."""
+    bad = []
+    for part in BELOW_TRAIN:
+        files = sorted((package / part).rglob("*.py")) or sorted(package.glob(f"{part}.py"))  # a folder, or a file
+        for f in files:
+            bad += [f"{f.relative_to(package)}:{line} imports {to}" for line, to in imported_parts(f, package) if to in ABOVE]
+    return bad
+
+
+def test_nothing_below_the_training_loop_imports_it():
+    """Imports run one way (schedules -> model/optim/checkpoint -> runtime/simulator -> adaptive ->
+    train -> cli): no file below train/ names train/, the CLI or sweeps, not even in a function."""
+    assert all((PACKAGE / part).is_dir() or (PACKAGE / f"{part}.py").is_file() for part in BELOW_TRAIN)
+    assert upward_imports(PACKAGE) == []
+
+
+def test_the_import_scan_finds_a_lazy_upward_import(tmp_path):
+    """The scan above sees what it must refuse: a lazy ``from ..train import build`` (as a worker had)."""
+    pkg = tmp_path / "adapipe_cli"
+    (pkg / "runtime").mkdir(parents=True)
+    (pkg / "runtime" / "worker.py").write_text("import torch\nfrom . import stage\n\n\ndef build():\n"
+                                               "    from ..train import build\n    from adapipe_cli.cli import main\n")
+    (pkg / "model.py").write_text("from .schedules import Plan\nfrom . import sweep\n")
+    assert upward_imports(pkg) == ["model.py:2 imports sweep", "runtime/worker.py:6 imports train",
+                                   "runtime/worker.py:7 imports cli"]
+
+
+def test_importing_the_lower_layers_loads_no_train_nor_cli():
+    """Importing the runtimes (the worker's modules included), the simulator and the layers below
+    loads nothing of train/ nor of the CLI."""
     code = ("import sys, adapipe_cli.schedules, adapipe_cli.simulator.simulate, adapipe_cli.runtime.dist, "
-            "adapipe_cli.runtime.local, adapipe_cli.runtime.launch, adapipe_cli.optim, adapipe_cli.checkpoint; "
+            "adapipe_cli.runtime.local, adapipe_cli.runtime.launch, adapipe_cli.runtime.worker, adapipe_cli.optim, "
+            "adapipe_cli.checkpoint, adapipe_cli.model.build, adapipe_cli.runtime.profile_meta; "
             "print(sorted(m for m in sys.modules if m.startswith(('adapipe_cli.train', 'adapipe_cli.cli'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

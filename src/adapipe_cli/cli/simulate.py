@@ -44,7 +44,7 @@ def phases(cfg, steps: int) -> list[str]:
     """The phase of every simulated step: one phase for a plain schedule; for ``schedule=adapipe``
     the fixed heuristic's ``heuristic.plan`` ([[phase, steps], ...], null = the rest; the last
     phase continues if the plan is shorter than ``steps``)."""
-    from ..train.build import schedule_choice
+    from ..schedules.choice import schedule_choice
 
     choice = schedule_choice(cfg)
     if choice.phase is not None:
@@ -68,7 +68,7 @@ def prepare(cfg) -> Setup:
     """The spec, plan, costs and link of a simulation, or a one-line error (exit 2)."""
     from ..schedules import Plan, ScheduleError
     from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
-    from ..train.build import schedule_choice
+    from ..schedules.choice import schedule_choice
 
     p, s = cfg.pipeline, cfg.schedule
     _need(p.stages >= 1, f"pipeline.stages must be at least 1 (got {p.stages})")

@@ -77,7 +77,7 @@ def worker_context():
     ctx = mp.get_context("forkserver")
     os.environ[DRIVER_PID] = str(os.getpid())  # read by forkserver_init in the server this context starts
     ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.launch",
-                                "adapipe_cli.train.build", "adapipe_cli.data"])
+                                "adapipe_cli.data"])
     return ctx
 
 

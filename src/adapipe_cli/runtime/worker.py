@@ -83,11 +83,15 @@ import torch
 import torch.distributed as dist
 from omegaconf import OmegaConf
 
+from ..data.batches import Batches
+from ..model.build import make_stages, model_config
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
+from ..schedules.choice import make_policy, schedule_choice, virtual_stages
 from ..schedules.interleaved import device_picks
 from .. import checkpoint
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
 from .faults import inject_fault
+from .profile_meta import measure_stage_profile
 from .replicas import ReplicaGroup, replica_batch, replica_seed, where
 from .stage import StageExecutor
 
@@ -179,7 +183,6 @@ class Worker:
 
     def __init__(self, board: Board, spec: dict, rank: int, device: torch.device, status: Status):
         from ..data import build_data
-        from ..train import build
 
         self.board, self.rank, self.device, self.status = board, rank, device, status
         cfg = self.cfg = OmegaConf.create(spec["config"])
@@ -188,7 +191,7 @@ class Worker:
         s = self.stage
         self.p, self.last = p, s == p - 1
         self.reporter = self.replica == 0  # puts the losses of evaluations and of the held-out signal
-        v = self.v = build.virtual_stages(cfg) // p  # model chunks on this worker
+        v = self.v = virtual_stages(cfg) // p  # model chunks on this worker
         self.chunks = [s + p * j for j in range(v)]  # its virtual stages
         # the device's order of its chunks' turns in a step, the same every step (with one chunk: always it)
         self.turns = [c // p for c in device_picks(p, v, m)[s]] if v > 1 else [0]
@@ -197,12 +200,12 @@ class Worker:
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(cfg.seed)
         data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
-        gcfg = build.model_config(cfg, data.vocab_size)
-        choice = build.schedule_choice(cfg)
+        gcfg = model_config(cfg, data.vocab_size)
+        choice = schedule_choice(cfg)
         eval_steps = set(spec["eval_steps"])
         self.eval_at = eval_steps.__contains__
         self.plan = BoardPlan(cfg.train.max_steps, board, status)
-        modules, opts = build.make_stages(cfg, gcfg, which=self.chunks)
+        modules, opts = make_stages(cfg, gcfg, which=self.chunks)
         for module in modules:
             module.to(device)
         micro = cfg.train.batch_size // (m * R)  # a replica's microbatch
@@ -228,10 +231,10 @@ class Worker:
         allreduce = DistAllReduce(groups[("dp", s)], self.transport) if R > 1 else None
         self.act_numel = micro * T * d
         # R x m microbatches per step; this replica's are shares r*m .. r*m + m - 1 (as on the local runtime)
-        batches = replica_batch(build.Batches(data, cfg.train.batch_size, m * R), self.replica, m)
+        batches = replica_batch(Batches(data, cfg.train.batch_size, m * R), self.replica, m)
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
         self.spec = choice.spec
-        policy = build.make_policy(cfg, self.plan)  # (its state is per stage: one for the worker's chunks)
+        policy = make_policy(cfg, self.plan)  # (its state is per stage: one for the worker's chunks)
         self.programs = [StageProgram(c, choice.spec, self.plan, self.eval_at) for c in self.chunks]
         self.exs = [StageExecutor(c, p * v, m, module, opt, self.transport, batch, policy, prog,
                                   grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
@@ -252,7 +255,7 @@ class Worker:
         self.keep = spec.get("snapshots_kept", 0)
         if spec.get("measure") and self.reporter:  # the cost profile of this stage, measured here, on this device
             x, y = batch(0, 0)
-            prof = build.measure_stage_profile(cfg, modules, x, y, warn=lambda line: None)
+            prof = measure_stage_profile(cfg, modules, x, y, warn=lambda line: None)
             prof.meta["device"] = str(device)
             board.put(f"profile/{rank}", asdict(prof))
 

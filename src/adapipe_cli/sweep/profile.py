@@ -15,10 +15,12 @@ from pathlib import Path
 import torch
 
 from ..data import build_data
+from ..data.batches import Batches
 from ..config import ConfigError
 from ..runtime.device import DeviceError, resolve_device
 from ..simulator.clock import CostProfile
-from ..train import build
+from ..model.build import make_stages, model_config
+from ..runtime.profile_meta import measure_stage_profile
 
 
 def measure_depth_profile(cfg, path: Path) -> CostProfile:
@@ -32,10 +34,10 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
         device = resolve_device(cfg.pipeline.device)  # where the cells' local runtimes compute
     except DeviceError as e:
         raise ConfigError(str(e)) from None
-    stages, _ = build.make_stages(cfg, build.model_config(cfg, data.vocab_size), device=device)
+    stages, _ = make_stages(cfg, model_config(cfg, data.vocab_size), device=device)
     micro = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.replicas)  # (a replica's microbatch)
-    x, y = build.Batches(data, micro, 1, device=device)(0, 0)
-    profile = build.measure_stage_profile(cfg, stages, x, y)
+    x, y = Batches(data, micro, 1, device=device)(0, 0)
+    profile = measure_stage_profile(cfg, stages, x, y)
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
     return profile

@@ -17,11 +17,15 @@ from .. import checkpoint
 from ..adaptive.base import Context
 from ..config.validate import ConfigError, validate
 from ..data import build_data
+from ..data.batches import Batches
+from ..model.build import make_stages, model_config
 from ..runtime.base import Runtime, RunSpec
 from ..runtime.device import resolve_device
 from ..runtime.local import LocalRuntime, Replica
+from ..runtime.profile_meta import measure_stage_profile, profile_meta, profile_mismatch
 from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
+from ..schedules.choice import make_policy, schedule_choice, virtual_stages
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
@@ -68,8 +72,8 @@ class RunSetup:
                 f"training tokens of data={cfg.data.name}: lower train.batch_size or model.block_size")
         if cfg.model.vocab_size is not None and cfg.model.vocab_size < self.data.vocab_size:
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} is smaller than the data's {self.data.vocab_size} tokens")
-        self.gcfg = build.model_config(cfg, self.data.vocab_size)
-        self.choice = build.schedule_choice(cfg)
+        self.gcfg = model_config(cfg, self.data.vocab_size)
+        self.choice = schedule_choice(cfg)
         try:
             self.choice.spec.check()
         except ScheduleError as e:
@@ -129,14 +133,14 @@ class RunSetup:
     def _local_runtime(self) -> Runtime:
         """Every stage in this process, on ``pipeline.device``; the profile measured here."""
         cfg, p, t = self.cfg, self.cfg.pipeline, self.cfg.train
-        self.stages, self.optimizers = build.make_stages(cfg, self.gcfg, device=self.device)
+        self.stages, self.optimizers = make_stages(cfg, self.gcfg, device=self.device)
         # R x m microbatches per step; replica r's are shares r*m .. r*m + m - 1 (runtime/replicas.py)
-        self.batches = build.Batches(self.data, t.batch_size, p.microbatches * p.replicas, device=self.device)
+        self.batches = Batches(self.data, t.batch_size, p.microbatches * p.replicas, device=self.device)
         given = self._given_profile()
-        self.profile = self._use_profile(given or build.measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
+        self.profile = self._use_profile(given or measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
         self.link = LinkModel.choose(p.link_latency_s, p.link_bandwidth, self.profile)  # (a dist run's, if given)
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
-        policy = build.make_policy(cfg, self.plan)
+        policy = make_policy(cfg, self.plan)
         return LocalRuntime(
             self.stages, self.optimizers, self.choice.spec, self.plan, policy, self.batches,
             self.profile if self.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
@@ -149,7 +153,7 @@ class RunSetup:
         m = self.cfg.pipeline.microbatches
         out = []
         for r in range(1, self.cfg.pipeline.replicas):
-            stages, optimizers = build.make_stages(self.cfg, self.gcfg, device=self.device)
+            stages, optimizers = make_stages(self.cfg, self.gcfg, device=self.device)
             out.append(Replica(stages, optimizers, policy.replica(), replica_batch(self.batches, r, m)))
         return out
 
@@ -188,12 +192,12 @@ class RunSetup:
             prof = CostProfile.load(path)
         except ValueError as e:
             raise ConfigError(f"pipeline.profile={path}: {e}") from None
-        n = build.virtual_stages(self.cfg)
+        n = virtual_stages(self.cfg)
         if prof.stages != n:
             chunks = f" x schedule.chunks={self.cfg.schedule.chunks}" if n != p.stages else ""
             raise ConfigError(f"pipeline.profile={path} has {prof.stages} stages but pipeline.stages={p.stages}"
                               f"{chunks}: use a profile measured for {n} stages")
-        wrong = build.profile_mismatch(prof.meta, build.profile_meta(self.cfg, self.micro))
+        wrong = profile_mismatch(prof.meta, profile_meta(self.cfg, self.micro))
         if wrong:
             raise ConfigError(f"pipeline.profile={path} was measured for another run ({wrong}): "
                               f"measure one for this run (adapipe profile with the same overrides) or leave it out")

@@ -1,0 +1,48 @@
+"""The schedule a config chooses: its spec, its one phase (or None for adapipe, which switches),
+the model chunks it places and the update policy of its optimizer steps. Shared by the training
+loop and the workers of the distributed runtime, so that every process builds the same thing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .actions import ASYNC, SYNC, Plan
+from .mitigations import UpdatePolicy
+from .program import SYNC_SCHEDULES, ScheduleSpec
+
+
+@dataclass
+class ScheduleChoice:
+    spec: ScheduleSpec
+    phase: str | None  # the one phase of a plain schedule; None for adapipe
+
+
+def schedule_choice(cfg) -> ScheduleChoice:
+    s, p, m = cfg.schedule, cfg.pipeline.stages, cfg.pipeline.microbatches
+    name = s.name
+    v = s.chunks  # (ScheduleSpec.check refuses chunks > 1 but with interleaved)
+    if name in SYNC_SCHEDULES:
+        return ScheduleChoice(ScheduleSpec(p, m, name, "stash", barrier=update_barrier(cfg, name), chunks=v), SYNC)
+    if name == "pipedream":
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", s.weights, chunks=v), ASYNC)
+    if name == "2bw":
+        return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw", chunks=v), ASYNC)
+    weights = "2bw" if s["async"] == "2bw" else s.weights
+    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync), chunks=v), None)
+
+
+def virtual_stages(cfg) -> int:
+    """Model chunks of the run: ``pipeline.stages``, times ``schedule.chunks`` when interleaved."""
+    return cfg.pipeline.stages * (cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1)
+
+
+def update_barrier(cfg, sync: str) -> bool:
+    """Whether a sync update waits for every stage: always, except ZB-H2's when there is no global
+    norm to clip by and no tied embedding to sum (the zero-bubble paper drops the optimizer's
+    synchronization; an exact update that clips needs it)."""
+    tied = cfg.model.tie_embeddings and cfg.pipeline.stages > 1
+    return sync != "zbh2" or cfg.optim.grad_clip > 0 or tied
+
+
+def make_policy(cfg, plan: Plan) -> UpdatePolicy:
+    return UpdatePolicy(cfg.optim, cfg.schedule, plan, cfg.train.max_steps)

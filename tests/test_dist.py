@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from adapipe_cli.config import ConfigError
-from adapipe_cli.runtime.dist import WorkerFailed, choose_backend
+from adapipe_cli import checkpoint
+from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
@@ -94,6 +95,29 @@ def test_backend_choice_and_device_errors(make_cfg):
         choose("pipeline.backend=nccl", "pipeline.devices=[cuda:0,cuda:0]")
     with pytest.raises(ConfigError, match="gloo runs on CPUs"):
         choose("pipeline.backend=gloo", "pipeline.devices=[cuda:0,cuda:1]")
+
+
+@pytest.mark.parametrize("replicas,gpus,advice", [(1, 1, "use fewer stages, or pipeline.backend=gloo"),
+                                                  (2, 3, "use fewer stages or replicas, or pipeline.backend=gloo")])
+def test_nccl_gpu_shortfall_says_what_to_lower(make_cfg, monkeypatch, replicas, gpus, advice):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(ConfigError) as e:
+        choose_backend(make_cfg("pipeline.stages=2", f"pipeline.replicas={replicas}", "pipeline.backend=nccl"),
+                       launched=False)
+    assert f"{gpus} for 2 stages" in str(e.value) and str(e.value).endswith(f"({advice})")
+
+
+def test_a_checkpoint_refused_for_non_finite_weights_names_the_chunk_and_the_replica():
+    ok = {"file": "stage-0.pt", "bytes": 1}
+    assert nonfinite_part([ok, ok], 2, 1) is None
+    assert nonfinite_part([ok, {"nonfinite": 1}], 2, 1) == (1, None)
+    # p=2, R=2, two chunks per worker: rank 3 is replica 1's stage 1, holding virtual stages 1 and 3
+    assert nonfinite_part([ok, ok, ok, {"nonfinite": 3}], 2, 2) == (3, 1)
+    assert nonfinite_part([ok, ok, None, ok], 2, 2) == (0, 1)  # (a worker that reported nothing: its rank's stage)
+    assert checkpoint.refusal(7, 3, 1) == ("refusing to write a checkpoint at step 7: stage 3 of replica 1 has "
+                                           "non-finite weights (training diverged)")
+    assert "step 7: stage 3 has" in checkpoint.refusal(7, 3)
 
 
 # -- the worker's order --------------------------------------------------------------------------

@@ -99,9 +99,11 @@ def finite(params) -> bool:
     return all(bool(torch.isfinite(p).all()) for p in params)
 
 
-def refusal(steps: int, stage: int) -> str:
-    """Why a checkpoint after ``steps`` steps is not written: ``stage``'s weights are not finite."""
-    return f"refusing to write a checkpoint at step {steps}: stage {stage} has non-finite weights (training diverged)"
+def refusal(steps: int, stage: int, replica: int | None = None) -> str:
+    """Why a checkpoint after ``steps`` steps is not written: ``stage``'s weights (of ``replica``'s
+    pipeline, when there are replicas) are not finite."""
+    of = "" if replica is None else f" of replica {replica}"
+    return f"refusing to write a checkpoint at step {steps}: stage {stage}{of} has non-finite weights (training diverged)"
 
 
 class CheckpointError(RuntimeError):

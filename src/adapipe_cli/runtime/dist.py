@@ -107,7 +107,8 @@ def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
             if torch.cuda.device_count() < n:
                 what = f"{p.stages} stages" if R == 1 else f"{p.stages} stages x {R} replicas"
                 raise ConfigError(f"pipeline.backend=nccl needs a GPU per {'stage' if R == 1 else 'worker'}: "
-                                  f"{torch.cuda.device_count()} for {what} (use fewer stages, or pipeline.backend=gloo)")
+                                  f"{torch.cuda.device_count()} for {what} (use fewer stages{'' if R == 1 else ' or replicas'}, "
+                                  f"or pipeline.backend=gloo)")
             devices = [f"cuda:{i}" for i in range(n)]
         if any(not d.startswith("cuda") for d in devices):
             raise ConfigError(f"pipeline.backend=nccl runs on CUDA devices, not {devices}: list cuda:N devices")
@@ -126,6 +127,17 @@ def worker_name(rank: int, stages: int, replicas: int) -> tuple[str, str]:
     if replicas <= 1:
         return f"adapipe-stage{s}", f"stage{s}.log"
     return f"adapipe-r{r}s{s}", f"replica{r}-stage{s}.log"
+
+
+def nonfinite_part(entries: list, stages: int, replicas: int) -> tuple[int, int | None] | None:
+    """(stage, replica) of the first worker whose checkpoint part reports non-finite weights (its
+    entry ``{"nonfinite": c}``, c the chunk's virtual stage with interleaving; None: a worker
+    that reported nothing, named by its rank); replica None with one. None when every part is finite."""
+    for rank, e in enumerate(entries):
+        if e is None or "nonfinite" in e:
+            replica, stage = where(rank, stages)
+            return (stage if e is None else e["nonfinite"]), (replica if replicas > 1 else None)
+    return None
 
 
 def link_model(pairs: list[dict]) -> dict:
@@ -299,10 +311,10 @@ class DistRuntime:
         entries = self._collect(keys)
         for key in (f"save/{step}", *keys):
             self.board.delete(key)
-        bad = [r for r, e in enumerate(entries) if e is None]
-        if bad:
+        refused = nonfinite_part(entries, self.p, self.R)
+        if refused:
             shutil.rmtree(folder, ignore_errors=True)
-            raise TrainingDiverged(checkpoint.refusal(step, bad[0] % self.p))
+            raise TrainingDiverged(checkpoint.refusal(step, *refused))
         for r, e in enumerate(entries):  # a worker on another machine writes to its own disk otherwise
             if not (folder / e["file"]).is_file() or (folder / e["file"]).stat().st_size != e["bytes"]:
                 raise ConfigError(f"{who(r, self.p, self.R)} wrote its checkpoint part where the driver cannot read it: "

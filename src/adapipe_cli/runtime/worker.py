@@ -453,8 +453,9 @@ class Worker:
     # -- checkpoints ---------------------------------------------------------------------------
     def _save(self, step: int) -> None:
         """Write this stage's part of the checkpoint after ``step`` steps (this worker waits at the
-        gate of ``U(step)``) into the folder the driver names; report its manifest entry, or None
-        for weights that are not finite (the driver then refuses the checkpoint)."""
+        gate of ``U(step)``) into the folder the driver names; report its manifest entry, or for
+        weights that are not finite ``{"nonfinite": c}``, c the first such chunk's (virtual) stage
+        (the driver then refuses the checkpoint)."""
         self.status.set(WAIT_DRIVER, step)
         folder = self.board.get(f"save/{step}")
         if folder is None:  # the driver gave up on the run
@@ -463,8 +464,11 @@ class Worker:
             return
         self.status.set(COMPUTING)
         state = self._state()
-        entry = None
-        if all(checkpoint.finite(st["params"]) for st in [state["executor"], *state.get("chunks", [])]):
+        nonfinite = [c for c, st in zip(self.chunks, [state["executor"], *state.get("chunks", [])])
+                     if not checkpoint.finite(st["params"])]
+        if nonfinite:
+            entry = {"nonfinite": nonfinite[0]}
+        else:
             part = {"step": step, **state}  # (state: the microbatches forwarded so far too)
             entry = checkpoint.write_part(Path(folder), checkpoint.stage_part(self.stage, self.replica), part)
         self.board.put(f"part/{step}/{self.rank}", entry)

@@ -120,6 +120,14 @@ def test_a_checkpoint_refused_for_non_finite_weights_names_the_chunk_and_the_rep
     assert "step 7: stage 3 has" in checkpoint.refusal(7, 3)
 
 
+@pytest.mark.parametrize("key,rank", [("rep/7/5", 5), ("ready/3", 3), ("done/0", 0), ("part/4/5", 5),
+                                      ("eval/12", 2), ("signal/12", 2),  # versions: replica 0's last stage
+                                      ("grad_bytes/7", 1), ("grad_bytes/2", 2)])  # virtual stages, c % p
+def test_the_watchdog_names_the_rank_that_writes_a_board_key(key, rank):
+    from adapipe_cli.runtime.watchdog import _rank_of
+    assert _rank_of(key, 3) == rank  # p = 3 (with R = 2: ranks 0-5; with 3 chunks: virtual stages 0-8)
+
+
 # -- the worker's order --------------------------------------------------------------------------
 def run_worker_orders(p: int, m: int, phases: list[str], sync: str, weights: str, every: int,
                       barrier: bool = True) -> list[list[int]]:

@@ -166,8 +166,13 @@ class Watchdog(threading.Thread):
 
 
 def _rank_of(key: str, stages: int) -> int:
-    """The rank that writes board key ``key`` (rep/t/r, ready/r, done/r; eval/v: the last stage)."""
-    return stages - 1 if key.startswith("eval/") else int(key.rsplit("/", 1)[1])
+    """The rank that writes board key ``key``: r for rep/t/r, ready/r, done/r, link/r, part/t/r;
+    replica 0's last stage, p - 1, for eval/v and signal/v (v a version); replica 0's worker of
+    virtual stage c, c % p, for grad_bytes/c."""
+    kind, last = key.split("/", 1)[0], key.rsplit("/", 1)[1]
+    if kind in ("eval", "signal"):
+        return stages - 1
+    return int(last) % stages if kind == "grad_bytes" else int(last)
 
 
 def _death(code: int) -> str:

@@ -408,7 +408,10 @@ class DistRuntime:
         try:
             if not failing:
                 self._end("end")
-                self._collect([f"done/{r}" for r in range(self.n)])
+                ends = self._collect([f"done/{r}" for r in range(self.n)])
+                for r, end in enumerate(ends):  # the workers' peaks at their ends (see Worker.run)
+                    if r in self.reports:
+                        self.reports[r].update({k: end[k] for k in ("peak_rss_mb", "peak_device_mb")})
                 self._stop_watchdog()
                 with self._stopping:
                     for proc in self.procs.values():

@@ -13,7 +13,7 @@ per-step permission to update, per-step reports, evaluation results and errors. 
     rep/{t}/{r}          rank r's report of step t (after its U(t))
     eval/{v}             validation losses of weight version v (last stage)
     error/{r}, errors    rank r's exception message; a counter of errors reported
-    done/{r}             rank r finished cleanly
+    done/{r}             rank r finished cleanly: its steps and its peak memory at its end
     save/{t}             the temporary folder of the checkpoint after t steps (None: the run was aborted)
     part/{t}/{r}         rank r's part of that checkpoint is written: its manifest entry (None: not finite)
     resume/phases        a resumed run's phases, decided before its checkpoint

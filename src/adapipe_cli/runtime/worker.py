@@ -294,7 +294,8 @@ class Worker:
         self.status.set(WAIT_PEER)
         dist.barrier()  # every message that someone still needs has been received
         self.status.set(FINISHED)
-        self.board.put(f"done/{self.rank}", self.ex.live)
+        # its peaks at its end, its final evaluation and checkpoint included (its last report came before them)
+        self.board.put(f"done/{self.rank}", {"steps": self.ex.live, **self._peaks()})
 
     def _loop(self) -> str:
         """Run the action list until the driver ends the run; returns its verdict."""
@@ -533,9 +534,14 @@ class Worker:
             "param_sets": max(ex.param_sets() for ex in exs),
             # per virtual stage: its share of the gradient's squared norm, its learning rate, its ledger's peaks
             "chunks": [{"grad_sq": x.grad_sq, "lr_stage": x.lr_stage, **ex.ledger.report()} for x, ex in zip(stats, exs)],
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None,
+            **self._peaks(),
         })
+
+    def _peaks(self) -> dict:
+        """This process's peak resident memory so far and, on CUDA, its device's peak allocation (MB)."""
+        cuda = self.device.type == "cuda"
+        return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # (KiB on Linux)
+                "peak_device_mb": torch.cuda.max_memory_allocated(self.device) / 2**20 if cuda else None}
 
 
 __all__ = ["Ended", "EvalOrder", "BoardPlan", "Worker", "STATE_NAMES", "Status"]

@@ -89,7 +89,9 @@ class Trainer(RunSetup, RunStates, Rollback):
             if checkpoint.due_at_end(t, self.st.steps):
                 self.save_checkpoint()
             progress.close()
-            summary = run_summary(cfg, self.log.records, self.st.evals, self.st, self.wall(), runtime=rt,
+            wall = self.wall()
+            rt.close()  # (before the summary: a dist worker's peak memory counts its final evaluation and checkpoint)
+            summary = run_summary(cfg, self.log.records, self.st.evals, self.st, wall, runtime=rt,
                                   clock=self.clock, device=self.device, phase=self.choice.phase, ctx=self.ctx,
                                   min_ppl=getattr(self.data, "min_ppl", None))
             self.log.summary(summary)

@@ -361,6 +361,19 @@ def test_torchrun_gives_the_local_losses(make_cfg, tmp_path):
     assert (summary["runtime"], summary["backend"]) == ("dist", "gloo")
 
 
+def test_torchrun_without_the_dist_runtime_is_one_line_in_process(tmp_path, monkeypatch, capsys):
+    """The fast twin of the subprocess test below: under torchrun's variables, the local runtime is
+    refused in one line naming pipeline.runtime=dist, exit 2."""
+    from adapipe_cli.cli.main import main
+
+    for k, v in dict(RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1").items():
+        monkeypatch.setenv(k, v)
+    assert main(["train", *TINY, "pipeline.stages=2", f"hydra.run.dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pipeline.runtime=dist" in err[0], err
+
+
+@pytest.mark.slow  # an adapipe train subprocess (5 s): the fast twin above runs in process
 def test_torchrun_needs_the_dist_runtime(tmp_path):
     env = dict(ENV, RANK="1", WORLD_SIZE="2", LOCAL_RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
     exe = os.path.join(os.path.dirname(sys.executable), "adapipe")

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import adapipe_cli.runtime.base
 from adapipe_cli.runtime.base import Runtime
 from adapipe_cli.runtime.dist import DistRuntime
@@ -83,6 +85,7 @@ def test_the_import_scan_finds_a_lazy_upward_import(tmp_path):
                                    "runtime/worker.py:7 imports cli"]
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch (5 s); the static scan above is its fast twin
 def test_importing_the_lower_layers_loads_no_train_nor_cli():
     """Importing the runtimes (the worker's modules included), the simulator and the layers below
     loads nothing of train/ nor of the CLI."""

@@ -134,11 +134,16 @@ class LinkModel:
     def time(self, nbytes: float) -> float:
         return self.latency + (nbytes / self.bandwidth if self.bandwidth > 0 else 0.0)
 
+    @staticmethod
+    def configured(latency: float, bandwidth: float) -> bool:
+        """Whether a link is configured (latency or bandwidth not 0): then a profile's is not used."""
+        return bool(latency or bandwidth)
+
     @classmethod
     def choose(cls, latency: float, bandwidth: float, profile: CostProfile | None) -> "LinkModel":
-        """The configured link when one is (latency or bandwidth not 0), else the profile's
-        measured one, else a free link."""
-        if latency or bandwidth or profile is None or not profile.link:
+        """The configured link when one is (:meth:`configured`), else the profile's measured one,
+        else a free link."""
+        if cls.configured(latency, bandwidth) or profile is None or not profile.link:
             return cls(latency, bandwidth)
         return cls(float(profile.link["latency_s"]), float(profile.link["bandwidth"]))
 

@@ -24,6 +24,8 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
+from ..simulator.clock import LinkModel
+
 TRAIN, VALID, PROFILE, LINK = "train data", "validation data", "cost profile", "profile link"
 
 
@@ -65,8 +67,9 @@ def link_fingerprint(profile, configured: bool = False) -> str:
 
 
 def link_configured(cfg) -> bool:
-    """Whether the run's configuration sets the link, so that the profile's is not used."""
-    return bool(cfg.pipeline.link_latency_s or cfg.pipeline.link_bandwidth)
+    """Whether the run's configuration sets the link, so that the profile's is not used
+    (:meth:`.LinkModel.configured`, the rule :meth:`.LinkModel.choose` follows)."""
+    return LinkModel.configured(cfg.pipeline.link_latency_s, cfg.pipeline.link_bandwidth)
 
 
 def profile_fingerprints(profile, configured_link: bool = False) -> dict[str, str]:

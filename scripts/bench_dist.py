@@ -214,9 +214,7 @@ def _transport_rank(rank: int, port: int, n: int, out: str) -> None:
         Path(out, "transport.json").write_text(json.dumps(rounds))
     tr.ahead = False  # one last message each way fills the receives posted ahead
     ours(20)
-    for pending in tr.sends.values():
-        while pending:
-            pending.popleft()[0].wait()
+    tr.wait_sends()
     dist.destroy_process_group()
 
 

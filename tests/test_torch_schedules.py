@@ -28,6 +28,7 @@ from adapipe_cli.runtime.stage import StageExecutor
 from adapipe_cli.runtime.transport import LocalTransport
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.schedules import SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
+from test_dist import _NoUpdates
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=4, d_model=32, n_head=2)
 ROWS = 8
@@ -43,11 +44,6 @@ def torch_chunks(schedule: str, rank: int, p: int, v: int) -> list[int]:
     if schedule == "ScheduleZBVZeroBubble":
         return [rank, 2 * p - 1 - rank]
     return [c for c in range(p * v) if c % p == rank]
-
-
-class _NoUpdates:
-    def release(self, *args) -> None:
-        pass
 
 
 def _torch_rank(rank: int, port: int, schedule: str, p: int, v: int, m: int, out: str) -> None:

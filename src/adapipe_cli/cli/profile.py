@@ -44,6 +44,7 @@ def _split_out(args: list[str]) -> tuple[list[str], str | None]:
 def profile_command(args: list[str]) -> int:
     from ..config import ConfigError
     from ..data import DataError
+    from ..schedules.choice import microbatch_size
     from ..sweep.profile import measure_depth_profile
 
     if any(a in ("-h", "--help") for a in args):
@@ -51,7 +52,7 @@ def profile_command(args: list[str]) -> int:
         return 0
     overrides, out = _split_out(args)
     cfg = compose_or_fail(overrides)
-    micro = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.replicas)  # (a replica's microbatch)
+    micro = microbatch_size(cfg)  # (a replica's microbatch)
     path = Path(out or Path("outputs") / "profiles" / f"{cfg.model.name}_p{cfg.pipeline.stages}_mb{micro}.json")
     if path.is_dir():
         fail(f"--out {path} is a directory: name the file, e.g. --out {path / 'profile.json'}")

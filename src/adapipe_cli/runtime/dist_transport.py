@@ -292,10 +292,14 @@ class DistTransport:
                 acc.add_(gathered[at[c][0]][at[c][1]])
             out.append(acc.reshape(t.shape).to(t.device))
         if whole:  # every stage is here: every message sent before it has been received
-            for pending in self.sends.values():
-                while pending:
-                    pending.popleft()[0].wait()
+            self.wait_sends()
         return out
+
+    def wait_sends(self) -> None:
+        """Wait for every send still in flight (their buffers may then be reused)."""
+        for pending in self.sends.values():
+            while pending:
+                pending.popleft()[0].wait()
 
     def _blocking(self, fn: Callable[[], object]) -> None:
         self.on_block(True)

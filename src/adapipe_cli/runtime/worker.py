@@ -86,7 +86,7 @@ from omegaconf import OmegaConf
 from ..data.batches import Batches
 from ..model.build import make_stages, model_config
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
-from ..schedules.choice import make_policy, schedule_choice, virtual_stages
+from ..schedules.choice import make_policy, microbatch_size, schedule_choice, virtual_stages
 from ..schedules.interleaved import device_picks
 from .. import checkpoint
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
@@ -208,7 +208,7 @@ class Worker:
         modules, opts = make_stages(cfg, gcfg, which=self.chunks)
         for module in modules:
             module.to(device)
-        micro = cfg.train.batch_size // (m * R)  # a replica's microbatch
+        micro = microbatch_size(cfg)  # a replica's microbatch
         val = [(x.to(device), y.to(device)) for x, y in data.val_batches(micro)]
         rows = spec.get("signal_rows")  # the held-out batch whose loss the heuristic follows, or None
         self.signal = tuple(z.to(device) for z in data.val_batches(rows)[0]) if rows else None

@@ -36,6 +36,11 @@ def virtual_stages(cfg) -> int:
     return cfg.pipeline.stages * (cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1)
 
 
+def microbatch_size(cfg) -> int:
+    """Sequences in one microbatch of one replica: ``train.batch_size / (microbatches x replicas)``."""
+    return cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.get("replicas", 1))
+
+
 def update_barrier(cfg, sync: str) -> bool:
     """Whether a sync update waits for every stage: always, except ZB-H2's when there is no global
     norm to clip by and no tied embedding to sum (the zero-bubble paper drops the optimizer's

@@ -20,6 +20,7 @@ from ..config import ConfigError
 from ..runtime.device import DeviceError, resolve_device
 from ..simulator.clock import CostProfile
 from ..model.build import make_stages, model_config
+from ..schedules.choice import microbatch_size
 from ..runtime.profile_meta import measure_stage_profile
 
 
@@ -35,7 +36,7 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
     except DeviceError as e:
         raise ConfigError(str(e)) from None
     stages, _ = make_stages(cfg, model_config(cfg, data.vocab_size), device=device)
-    micro = cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.replicas)  # (a replica's microbatch)
+    micro = microbatch_size(cfg)  # (a replica's microbatch)
     x, y = Batches(data, micro, 1, device=device)(0, 0)
     profile = measure_stage_profile(cfg, stages, x, y)
     path.parent.mkdir(parents=True, exist_ok=True)

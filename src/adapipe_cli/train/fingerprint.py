@@ -101,12 +101,9 @@ def refusal(cfg, folder, manifest: dict, now: dict) -> str | None:
     changed = first_change(manifest.get("fingerprints") or {}, now)
     if changed is None:
         return None
-    if changed == PROFILE:
-        return (f"checkpoint {folder} ran on another clock: the cost profile of {where(cfg, changed)} differs from "
+    if changed in (PROFILE, LINK):
+        what = "cost profile" if changed == PROFILE else "link between stages (latency, bandwidth) in the cost profile"
+        return (f"checkpoint {folder} ran on another clock: the {what} of {where(cfg, changed)} differs from "
                 f"the checkpoint's; resume with the profile the run used (its profile.json)")
-    if changed == LINK:
-        return (f"checkpoint {folder} ran on another clock: the link between stages (latency, bandwidth) in the cost "
-                f"profile of {where(cfg, changed)} differs from the checkpoint's; resume with the profile the run used "
-                f"(its profile.json)")
     return (f"checkpoint {folder} was trained on other data: the {changed} of {where(cfg, changed)} differs from "
             f"the checkpoint's (a file may move, not change)")

@@ -25,7 +25,7 @@ from ..runtime.local import LocalRuntime, Replica
 from ..runtime.profile_meta import measure_stage_profile, profile_meta, profile_mismatch
 from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
-from ..schedules.choice import make_policy, schedule_choice, virtual_stages
+from ..schedules.choice import make_policy, microbatch_size, schedule_choice, virtual_stages
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
@@ -63,7 +63,7 @@ class RunSetup:
         self.data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
         self.fingerprints = fingerprint.data_fingerprints(self.data)  # recorded in every checkpoint
         self._check_fingerprints()
-        self.micro = t.batch_size // (p.microbatches * p.replicas)  # each replica's microbatch
+        self.micro = microbatch_size(self.cfg)  # each replica's microbatch
         train_tokens = getattr(self.data, "train_tokens", None)  # the token array of a finite corpus
         train_tokens = None if train_tokens is None else len(train_tokens)
         if train_tokens is not None and self.micro * (cfg.model.block_size + 1) > train_tokens:

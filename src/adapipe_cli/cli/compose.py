@@ -35,11 +35,12 @@ def check_overrides(args: list[str]) -> None:
 
 
 def compose_or_fail(overrides: list[str], config_name: str = "config", check: bool = True,
-                    prefix: str = "") -> DictConfig:
-    """Compose and validate, or print one line (after ``prefix``) saying what to change and exit 2."""
+                    prefix: str = "", hydra: bool = False) -> DictConfig:
+    """Compose and validate, or print one line (after ``prefix``) saying what to change and exit 2;
+    ``hydra``: with Hydra's own node."""
     check_overrides(overrides)
     try:
-        cfg = compose_config(overrides, config_name)
+        cfg = compose_config(overrides, config_name, hydra=hydra)
     except Exception as e:  # Hydra and OmegaConf raise many kinds; each becomes one line
         fail(prefix + hydra_message(e, "simulate" if config_name == "simulate" else "train"))
     if check:

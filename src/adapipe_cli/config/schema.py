@@ -209,6 +209,8 @@ GROUPS = {
 def register_configs() -> None:
     """Register the schema as ``base_config`` and each group's schema as ``<group>/base``."""
     cs = ConfigStore.instance()
+    if "base_config.yaml" in cs.repo:  # once per process: every compose calls this, and storing costs ~40 ms
+        return
     cs.store(name="base_config", node=Config)
     for group, cls in GROUPS.items():
         cs.store(group=group, name="base", node=cls)
@@ -238,7 +240,8 @@ class SimulateConfig(Config):
 def register_simulate_config() -> None:
     """Register :class:`SimulateConfig` as ``base_simulate``, the schema of ``conf/simulate.yaml``."""
     register_configs()
-    ConfigStore.instance().store(name="base_simulate", node=SimulateConfig)
+    if "base_simulate.yaml" not in ConfigStore.instance().repo:  # (once per process, as register_configs)
+        ConfigStore.instance().store(name="base_simulate", node=SimulateConfig)
 
 
 @dataclass

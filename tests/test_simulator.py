@@ -276,25 +276,53 @@ def adapipe(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*cmd, *args], capture_output=True, text=True, env=env, timeout=120)
 
 
-def test_cli_writes_simulation_json_and_timeline(tmp_path):
-    out = adapipe("simulate", "schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=4", "steps=8",
-                  "print=true", f"hydra.run.dir={tmp_path}")
-    assert out.returncode == 0, out.stderr
-    sim = json.loads((tmp_path / "simulation.json").read_text())
+SIMULATE = ["schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=4", "steps=8", "print=true"]
+
+
+def check_simulation_outputs(run_dir: Path, stdout: str) -> None:
+    sim = json.loads((run_dir / "simulation.json").read_text())
     for key in ("step_time", "bubble_fraction", "utilization", "per_stage"):
         assert key in sim
     assert sim["step_time"] == approx(4 * (F + B)) and sim["bubble_fraction"] == approx(0.0)
     assert [s["peak_activations"] for s in sim["per_stage"]] == [4, 3, 2, 1]
     assert all("weight_versions" in s for s in sim["per_stage"])
-    assert (tmp_path / "timeline.png").stat().st_size > 0
-    assert "F4@v0" in out.stdout and "bubble fraction" in out.stdout
-    assert out.stdout.strip().splitlines()[-1] == f"results: {tmp_path}"
+    assert (run_dir / "timeline.png").stat().st_size > 0
+    assert "F4@v0" in stdout and "bubble fraction" in stdout
+    assert stdout.strip().splitlines()[-1] == f"results: {run_dir}"
 
 
-@pytest.mark.parametrize("args,words", [
-    (["schedule=nonesuch"], "schedule"),
-    pytest.param(["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs", marks=pytest.mark.slow),
-])
+def test_cli_writes_simulation_json_and_timeline_in_process(tmp_path, capsys):
+    from adapipe_cli.cli.main import main
+
+    assert main(["simulate", *SIMULATE, f"hydra.run.dir={tmp_path}"]) == 0
+    check_simulation_outputs(tmp_path, capsys.readouterr().out)
+
+
+@pytest.mark.slow  # the installed command in a subprocess (5 s); the fast twin above runs in process
+def test_cli_writes_simulation_json_and_timeline(tmp_path):
+    out = adapipe("simulate", *SIMULATE, f"hydra.run.dir={tmp_path}")
+    assert out.returncode == 0, out.stderr
+    check_simulation_outputs(tmp_path, out.stdout)
+
+
+BAD_SIMULATE = [(["schedule=nonesuch"], "schedule"),
+                (["schedule=2bw", "pipeline.stages=4", "pipeline.microbatches=2"], "2bw needs")]
+
+
+@pytest.mark.parametrize("args,words", BAD_SIMULATE)
+def test_cli_bad_input_is_one_line_in_process(tmp_path, capsys, args, words):
+    from adapipe_cli.cli.main import main
+
+    assert main(["simulate", *args, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    out = capsys.readouterr()
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], out.err
+    assert "Traceback" not in out.err + out.out
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow  # the installed command in a subprocess (5 s each); the fast twin above runs in process
+@pytest.mark.parametrize("args,words", BAD_SIMULATE)
 def test_cli_bad_input_is_one_line(tmp_path, args, words):
     out = adapipe("simulate", *args, f"hydra.run.dir={tmp_path / 'run'}")
     assert out.returncode != 0

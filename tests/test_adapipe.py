@@ -46,7 +46,8 @@ def test_async_to_sync_drains_and_releases_stashed_versions():
 
 TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=1", "optim.lr=3e-3", "heuristic.start=sync",
                 "heuristic.window=10", "heuristic.probe_steps=10", "heuristic.probe_every=40",
-                "train.max_steps=120", "train.eval_every=10", "train.target_ppl=6"]
+                "train.max_steps=120", "train.eval_every=10", "train.target_ppl=6",
+                "train.stop_at_target=true"]  # (at step 80: the switches and the phases' shares are decided by then)
 
 
 @pytest.mark.parametrize("heuristic", [pytest.param("rate", marks=pytest.mark.slow), "goodput", "gain"])
@@ -65,7 +66,7 @@ def test_heuristics_switch_and_reach_the_target(heuristic, make_cfg, tmp_path):
     assert adopted, [r["reason"] for r in switches]
     assert {"step", "from", "to", "reason"} <= switches[0].keys()
     assert s["switches"] == len(switches)
-    assert s["time_to_target_s"] is not None
+    assert s["time_to_target_s"] is not None and s["stopped"] == "target"
     assert s["phases"]["async"]["steps"] > s["phases"]["sync"]["steps"]
     assert s["phases"]["async"]["steps"] + s["phases"]["sync"]["steps"] == s["steps"]
     assert sum(p["time_s"] for p in s["phases"].values()) == pytest.approx(s["time_s"])

@@ -39,6 +39,7 @@ def heuristic(name, switch_time=0.0, **overrides):
     cfg = OmegaConf.structured(HeuristicConfig)
     cfg.name = name
     overrides.setdefault("start", "sync")  # the streams below start in sync unless a test says otherwise
+    overrides.setdefault("sync_warmup", 0)  # the streams model no lasting damage from early async steps
     for k, v in overrides.items():
         cfg[k] = v
     ctx = Context(stages=4, microbatches=2, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
@@ -99,7 +100,9 @@ def test_a_clearly_faster_sync_is_chosen_starting_from_async(name):
 def test_equal_rates_with_noise_switch_rarely(name, seed):
     h = heuristic(name)
     phases, settled = drive(h, Env(**EQUAL, noise=0.02, seed=seed), 1500)
-    assert adoptions(settled) <= 2
+    # gain: one adoption more is allowed since the Adam family's prior E fell from 0.73 to 0.60
+    # (goodput 1.45 to 1.19 here, nearer break-even): seed 0 flips back once more
+    assert adoptions(settled) <= (3 if name == "gain" else 2)
     if name == "gain":  # a known weakness, not a goal: at break-even over a long horizon (10,000 steps)
         # gain probes at nearly every chance (15 to 17 probes in 1500 steps, also with 5 s switches)
         return
@@ -186,10 +189,36 @@ def test_trend_corrected_fit_recovers_the_phase_rates():
 
 def test_start_auto_follows_the_predicted_throughput_ratio():
     h = heuristic("rate", start="auto")  # R = 2; p = 4, m = 2: mean delay 1.5 steps
-    assert h.prior_efficiency() == pytest.approx(1 / (1 + 0.25 * 1.5)) and h.current == "async"
+    assert h.prior_efficiency() == pytest.approx(1 / (1 + 0.45 * 1.5)) and h.current == "async"  # 0.6 x 2
     assert heuristic("rate", start="auto", prior_efficiency=0.5).current == "sync"  # break-even
     assert heuristic("rate", start="auto", prior_efficiency=0.45).current == "sync"
     assert heuristic("rate", start="auto", prior_efficiency=0.8).current == "async"
+
+
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
+def test_sync_warmup_runs_sync_before_any_async_step(name):
+    """heuristic.sync_warmup: sync until that step whatever the start, then the start phase; the
+    first probe after the warm-up's end, the start's settling (into async: 4 x (lookahead + 1) = 12
+    steps here) and a window (30)."""
+    h = heuristic(name, start="async", sync_warmup=100)
+    phases = [h.decide(u).phase for u in range(142)]
+    assert phases[:100] == ["sync"] * 100 and phases[100:] == ["async"] * 42
+    if name != "gain":  # gain's first probe is priced, never before that step
+        assert h.next_probe == 142 and h.decide(142).phase == "sync"
+    else:
+        assert h.next_probe >= 142
+    # start=sync: no settling, the first probe a window after the warm-up
+    assert heuristic(name, start="sync", sync_warmup=100).next_probe >= 130
+
+
+def test_sync_warmup_follows_the_optimizer_by_default():
+    """null: 300 steps with the Adam family, 0 with Muon; an explicit value wins."""
+    def warmup(optimizer, **kw):
+        h = heuristic("goodput", **kw)
+        h.ctx.extra["optimizer"] = optimizer
+        return h.sync_warmup()
+    assert warmup("adamw", sync_warmup=None) == 300 and warmup("adam", sync_warmup=None) == 300
+    assert warmup("muon", sync_warmup=None) == 0 and warmup("muon", sync_warmup=40) == 40
 
 
 def test_fixed_plan():

@@ -126,6 +126,7 @@ BAD = [
     (["pipeline.stages", "4"], "'pipeline.stages' is not an override: write key=value with no spaces, e.g. pipeline.stages=4"),
     (["heuristic.start=soon"], "heuristic.start='soon'"),
     (["heuristic=gain", "heuristic.drift=-0.1"], "heuristic.drift=-0.1: give a spread >= 0"),
+    (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
     (["schedule=1f1b", "schedule.chunks=2"], "schedule.chunks=2 needs schedule=interleaved"),
     (["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=1"], "multiple of pipeline.stages=2"),
     (["schedule=interleaved", "pipeline.stages=4", "pipeline.microbatches=4"], "8 chunks is more than the 4 blocks"),

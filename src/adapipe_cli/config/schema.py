@@ -125,6 +125,9 @@ class HeuristicConfig:
     prior_spread: float = 0.5  # gain: relative sd of the prior goodput that prices the first probe
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
+    # steps in sync before async is run or probed (an async stretch early in training does lasting
+    # damage under AdamW); null: 300 with the Adam family, 0 with Muon
+    sync_warmup: Optional[int] = None
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
     # after every step (off the clock; on dist each worker runs it after its update), or the training loss (train)
     signal: str = "heldout"

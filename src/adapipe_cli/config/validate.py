@@ -117,6 +117,8 @@ def _check_schedule(cfg) -> None:
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
     for key in ("drift", "prior_spread"):  # spreads: a negative one would be squared into a valid-looking one
         _need(cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
+    w = cfg.heuristic.sync_warmup
+    _need(w is None or w >= 0, f"heuristic.sync_warmup={w}: give a number of steps >= 0 (0: none), or null for the optimizer's default")
     if s.name == "adapipe" and cfg.heuristic.name == "fixed":
         try:
             parse_plan(cfg.heuristic.plan)

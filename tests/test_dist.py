@@ -70,7 +70,9 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     # it); the driver's is this process's peak, so at least its RSS before the runs
     assert all(50 < m["peak_rss_mb"] < 1e5 for m in ds["memory"])
     assert all(m["peak_rss_mb"] == n["peak_rss_mb"] for m in ds["memory"] for n in ds["memory"] if m["rank"] == n["rank"])
-    assert 50 < rss_before_mb <= ds["driver_peak_rss_mb"] < 1e5
+    # (1 MB of slack: the kernel syncs its per-thread RSS counters lazily, so VmRSS read
+    # earlier can exceed ru_maxrss by a few pages; seen: 457.09 against 456.96)
+    assert 50 < rss_before_mb <= ds["driver_peak_rss_mb"] + 1.0 < 1e5
     assert "runtime=dist backend=gloo clock=wall" in (tmp_path / "dist" / "run.log").read_text()
     # the cost profile measured by the workers, each its own stages where they run
     prof = json.loads((tmp_path / "dist" / "profile.json").read_text())

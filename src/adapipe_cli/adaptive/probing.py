@@ -76,10 +76,12 @@ class Prober(Heuristic):
 
         Measured (AdamW, gpt-micro on tinyshakespeare, depth 4 and 8 with one microbatch of 4, seed
         7, not a grid seed): one probe of async, 40 steps at depth 4 (56 at 8) from step 50, leaves
-        the run 120 steps behind sync at perplexity 211 and 170 behind at 150 (depth 8: 230 and 790
-        steps behind), far more than the probe's own steps; the same 40 steps from step 300 or 600
+        the run 120 steps behind sync at perplexity 211 and 170 behind at 150 (depth 8: 230 steps
+        behind at 212.9), far more than the probe's own steps; the same 40 steps from step 300 or 600
         leave it 20 and 10 steps behind at perplexity 120, about what the probe's slower progress
-        accounts for. With Muon async led from the start in every cell of the cpu grid, and its
+        accounts for. At depth 8, 56 steps from step 300 still leave it 150 steps behind at
+        perplexity 150 (about 40 of them the probe's slower steps): there 300 is too short, and
+        no longer warm-up was measured. With Muon async led from the start in every cell of the cpu grid, and its
         early damage is not measured: no warm-up."""
         if self.cfg.get("sync_warmup") is not None:
             return int(self.cfg.sync_warmup)

@@ -50,10 +50,11 @@ class DelayedLoop:
       the stage's updates so far: u = W(1) - W(0), then u = beta u + (1 - beta) (W(n) - W(n-1)).
     """
 
-    def __init__(self, p, m, plan, rule, mitigation=(), beta=0.0, gamma=0.5, resched_steps=3):
+    def __init__(self, p, m, plan, rule, mitigation=(), beta=0.0, gamma=0.5, resched_steps=3, gcfg=GCFG, table=None):
+        """``table`` (default: the 1F1B one of ``version_table``) gives the versions of every stage."""
         self.p, self.m, self.plan, self.mitigation = p, m, plan, set(mitigation)
         self.beta, self.gamma, self.K = beta, gamma, resched_steps
-        self.stages = build_stages(GCFG, partition(GCFG, p), seed=0)
+        self.stages = build_stages(gcfg, partition(gcfg, p), seed=0)
         self.names = [[n for n, _ in st.named_parameters()] for st in self.stages]
         self.live = [[q for _, q in st.named_parameters()] for st in self.stages]
         self.opts = [torch.optim.AdamW(w, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, foreach=True)
@@ -61,7 +62,8 @@ class DelayedLoop:
         self.versions = [[[q.detach().clone() for q in w]] for w in self.live]  # versions[s][v]
         self.velocity = [dict() for _ in range(p)]  # velocity[s][n]: after n updates
         self.previous = [None] * p  # W(t) - W(t-1), for nesterov
-        self.table = microbatch_versions(p, m, plan, rule)  # table[s][j] = (forward v, backward v, updates)
+        # table[s][j] = (forward v, backward v, updates)
+        self.table = table if table is not None else microbatch_versions(p, m, plan, rule)
 
     def weights(self, s, v, t, made):
         w = self.versions[s][v]

@@ -132,7 +132,15 @@ BAD = [
     (["schedule=interleaved", "pipeline.stages=4", "pipeline.microbatches=4"], "8 chunks is more than the 4 blocks"),
     (["schedule=interleaved", "pipeline.stages=1", "pipeline.microbatches=2", "pipeline.runtime=dist"],
      "needs pipeline.stages >= 2"),
-    (["schedule=adapipe", "schedule.sync=interleaved"], "unknown schedule.sync='interleaved'"),  # (found while the Trainer is built, in the run directory)
+    (["schedule=adapipe", "schedule.sync=interleaved"], "schedule.sync=interleaved needs schedule.chunks >= 2"),
+    (["schedule=adapipe", "schedule.sync=interleaved", "schedule.chunks=2", "schedule.async=2bw"],
+     "use schedule.async=pipedream schedule.weights=stash"),
+    (["schedule=adapipe", "schedule.sync=interleaved", "schedule.chunks=2", "schedule.weights=latest"],
+     "use schedule.async=pipedream schedule.weights=stash"),
+    (["schedule=adapipe", "schedule.sync=interleaved", "schedule.chunks=2", "pipeline.stages=2", "pipeline.runtime=dist"],
+     "does not roll back yet: use heuristic.guard=false"),  # (found while the runtime is built, before any worker)
+    (["schedule=adapipe", "schedule.sync=interleaved", "schedule.chunks=2", "pipeline.stages=2", "pipeline.runtime=dist",
+      "heuristic.guard=false", "train.checkpoint_every=5"], "does not write or resume checkpoints yet"),
 ]
 
 

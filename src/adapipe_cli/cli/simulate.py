@@ -78,6 +78,8 @@ def prepare(cfg) -> Setup:
     if s.name == "adapipe":
         _need(s.sync in ADAPIPE_SYNC, f"unknown schedule.sync={s.sync!r}: use {', '.join(ADAPIPE_SYNC)}")
         _need(s["async"] in ASYNC_SCHEDULES, f"unknown schedule.async={s['async']!r}: use {' or '.join(ASYNC_SCHEDULES)}")
+        _need(s.sync != "interleaved" or s.chunks >= 2,
+              f"schedule.sync=interleaved needs schedule.chunks >= 2 (got {s.chunks}; with one chunk per device use schedule.sync=1f1b)")
     _need(p.replicas >= 1, f"pipeline.replicas must be at least 1 (got {p.replicas})")
     _need(p.dp_latency_s >= 0 and p.dp_bandwidth >= 0,
           "pipeline.dp_latency_s and pipeline.dp_bandwidth must be >= 0 (bandwidth 0 means infinite)")
@@ -192,7 +194,7 @@ def summary_text(name: str, setup: Setup, res) -> str:
                                                 if spec.barrier else "do not wait for the other stages: its steps overlap"))
     if not res.steady:
         lines.append(f"note: {res.steps} steps are too few to leave out the fill and the drain; "
-                     f"use steps={min_steady_steps(spec.stages, spec.microbatches)} or more for the steady state")
+                     f"use steps={min_steady_steps(spec.stages, spec.microbatches, spec.chunks)} or more for the steady state")
     lines += ["", "stage  utilization  peak activations  weight versions  parameter sets  peak MiB"]
     for s in range(spec.virtual_stages):  # (interleaved: virtual stages, each with its device's utilization)
         mem = res.memory[s]

@@ -11,7 +11,7 @@ from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
 
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "interleaved", "pipedream", "2bw", "adapipe")
-ADAPIPE_SYNC = tuple(x for x in SYNC_SCHEDULES if x != "interleaved")  # AdaPipe's sync phase: one chunk per device
+ADAPIPE_SYNC = SYNC_SCHEDULES  # AdaPipe's sync phase (interleaved: its placement in both phases)
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -79,12 +79,21 @@ def validate(cfg) -> None:
 
 def _check_chunks(cfg) -> None:
     """Interleaved 1F1B: p * v chunks of at least one block each, m a multiple of p, two workers or
-    more on the dist runtime."""
+    more on the dist runtime; as AdaPipe's sync phase, v >= 2 and PipeDream (weight stashing) as
+    its async phase over the virtual stages."""
     s, p, n = cfg.schedule, cfg.pipeline, cfg.model.n_layer
-    if s.name != "interleaved":
-        _need(s.chunks == 1, f"schedule.chunks={s.chunks} needs schedule=interleaved (other schedules hold one chunk per stage)")
+    adapipe = s.name == "adapipe" and s.sync == "interleaved"
+    if s.name != "interleaved" and not adapipe:
+        _need(s.chunks == 1, f"schedule.chunks={s.chunks} needs schedule=interleaved or schedule.sync=interleaved "
+                             f"(other schedules hold one chunk per stage)")
         return
     _need(s.chunks >= 1, f"schedule.chunks must be at least 1 (got {s.chunks})")
+    if adapipe:
+        _need(s.chunks >= 2, f"schedule.sync=interleaved needs schedule.chunks >= 2 (got {s.chunks}; with one chunk per "
+                             f"device use schedule.sync=1f1b)")
+        _need(s["async"] == "pipedream" and s.weights == "stash",
+              f"schedule.sync=interleaved runs PipeDream with weight stashing over the virtual stages: use "
+              f"schedule.async=pipedream schedule.weights=stash (got async={s['async']} weights={s.weights})")
     _need(p.stages * s.chunks <= n, f"pipeline.stages x schedule.chunks = {p.stages * s.chunks} chunks is more than the "
                                     f"{n} blocks of model {cfg.model.name}: use fewer chunks or a deeper model")
     _need(p.microbatches % p.stages == 0, f"schedule=interleaved needs pipeline.microbatches to be a multiple of "

@@ -53,6 +53,7 @@ from ..config.validate import ConfigError
 from .. import checkpoint
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, allreduce_times
 from ..simulator.replay import Replay
+from ..schedules.choice import chunks
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed
@@ -166,7 +167,7 @@ class DistRuntime:
         self.p, self.timeout_s = cfg.pipeline.stages, float(cfg.pipeline.timeout_s)
         self.R = cfg.pipeline.replicas
         self.n = self.p * self.R  # workers
-        self.chunks = cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1  # model chunks per worker
+        self.chunks = chunks(cfg)  # model chunks per worker
         self.env = torchrun_env()
         self.backend, devices = choose_backend(cfg, self.env is not None)
         self.max_steps = cfg.train.max_steps

@@ -85,13 +85,15 @@ class Board:
         return dist.PrefixStore(f"{self.prefix}/pg", self.store)
 
 
-def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0, chunks: int = 1) -> dict:
+def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0, chunks: int = 1,
+                 tables: bool = True) -> dict:
     """One process group per channel and direction between each pair of neighbouring stages, and
     the ends' group for tied embeddings. Every rank must call this, in the same order. With
     ``chunks`` model chunks per rank (interleaved 1F1B) the stages are the ``stages * chunks``
     virtual stages, virtual stage ``c`` on stage (device) ``c % stages``: a group per virtual link,
     so that the links between the same two ranks (chunk 0 -> 1 and chunk 2 -> 3 at 2 ranks) are
-    separate FIFOs.
+    separate FIFOs. ``tables``: the channels of the async stream's tables of gradient norms too
+    (``actn``, ``gradn``; a run of sync steps only does without them).
 
     With ``replicas`` R > 1 (ranks ``r * p + s``, :func:`.replicas.where`), every replica has
     these groups and one of its p stages (``pipeline``, for a sync update's collectives), and
@@ -114,8 +116,7 @@ def build_groups(stages: int, tied: bool, replicas: int = 1, replica: int = 0, c
     """
     mine: dict = {}
     n = stages * chunks
-    # (the tables of gradient norms travel only in an async stream, which needs one chunk per rank)
-    channels = CHANNELS if chunks == 1 else ("act", "grad", "eval")
+    channels = CHANNELS if tables else ("act", "grad", "eval")
     for r in range(replicas):
         base, groups = r * stages, {}
         for s in range(n - 1):

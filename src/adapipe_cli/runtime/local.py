@@ -86,7 +86,7 @@ class LocalRuntime:
         self.plan, self.spec = plan, spec
         parts = [Replica(stages, optimizers, policy, batch), *(replicas or [])]
         self.R = len(parts)
-        self.replica_picks = [DevicePicks(spec) for _ in parts]
+        self.replica_picks = [DevicePicks(spec, plan) for _ in parts]
         self.picks = self.replica_picks[0]
         self.dp = LocalTransport()  # the all-reduces of the stages' copies across replicas
         self.transports = [LocalTransport() for _ in parts]
@@ -153,10 +153,11 @@ class LocalRuntime:
         if not picks.next_is(s):
             return False
         if a.kind == UPDATE and a.phase == SYNC:
-            if (i, a.step) not in self.arrived:
-                self.arrived.add((i, a.step))
-                if r == 0:
-                    self.clock.arrive(s, a.step)
+            for c in (s, *picks.updates_after(s)):  # (a device reaches all its chunks' updates at once, as in the simulator)
+                if (r * self.p + c, a.step) not in self.arrived:
+                    self.arrived.add((r * self.p + c, a.step))
+                    if r == 0:
+                        self.clock.arrive(c, a.step)
             # the device's other chunks post their shares too, at every poll: a chunk's share of the
             # norm follows its tied embedding's sum, which may complete only later
             for c in picks.updates_after(s):
@@ -187,10 +188,22 @@ class LocalRuntime:
             return woken + ([i - 1] if s > 0 else [])
         return woken
 
+    def _done(self, t: int):
+        """When the walk of step ``t`` may leave stage ``i``: once it has updated; with chunks, once
+        its device is at its cut of step ``t`` (its chunks' ``U(t)`` run, and in an async stream the
+        actions up to the cut that the other devices need for theirs: see ``interleaved.stream_order``)."""
+        if self.spec.chunks == 1:
+            return lambda i: self.updated[i] >= t
+        # (or, at the plan's end, once its own list has: the device's other chunks finish theirs)
+        return lambda i: (self.replica_picks[i // self.p].at_cut(i % self.p % self.devices, t)
+                          or self._flat_programs[i].peek() is None)
+
     def run_step(self, t: int) -> StepResult:
         """Run every stage (of every replica) up to and including its update of step ``t``. The
         step's loss is the mean over the replicas' shares of the batch."""
-        walk(self._flat_programs, self.order, lambda i: self.updated[i] >= t, self._ready, self._execute, self.lifo)
+        for picks in self.replica_picks:
+            picks.until = t
+        walk(self._flat_programs, self.order, self._done(t), self._ready, self._execute, self.lifo)
         stats = [ex.take_stats(t) for ex in self.executors]
         lasts = [stats[-1]] + [exs[-1].take_stats(t) for exs in self.replica_executors[1:]]
         for exs in self.replica_executors[1:]:
@@ -280,7 +293,8 @@ class LocalRuntime:
             t.reductions.clear()
             t.taken.clear()
             self.updated += list(rep["updated"])
-        self.replica_picks = [DevicePicks(self.spec) for _ in range(self.R)]  # (a step boundary: every device at its order's start)
+        # every device at the position its chunks' programs were restored to
+        self.replica_picks = [DevicePicks(self.spec, self.plan, progs) for progs in self.replica_programs]
         self.picks = self.replica_picks[0]
         self.dp.reductions.clear()
         self.dp.taken.clear()

@@ -56,14 +56,19 @@ restores its snapshot, sends again the activations in flight at it (``back/{n}/e
 reports (``back/{n}/done/{rank}``) and waits until the driver has cleared the discarded steps'
 keys (``back/{n}/go``).
 
-Interleaved 1F1B (``schedule.chunks = v > 1``): the worker of rank ``d`` holds the virtual
-stages ``d, d + p, ..., d + (v - 1) p``, each an executor with its own program, and runs them in
-its device's order (:func:`..schedules.interleaved.device_picks`); an evaluation runs on its
-chunk's turn, before the chunk's first forward of the step (it needs only the previous chunk's
-evaluation, which precedes that chunk's first forward too), and those after the last step in
-chunk order. The gate, the report, the held-out signal and a checkpoint's or snapshot's cut are per rank: before the first
-of the rank's updates of a step, and after the last. A step is flushed (interleaving is sync
-only), so nothing crosses the cut.
+Interleaved 1F1B (``schedule.chunks = v > 1``, and AdaPipe's async phase over the same chunks):
+the worker of rank ``d`` holds the virtual stages ``d, d + p, ..., d + (v - 1) p``, each an
+executor with its own program, and runs them in its device's order
+(:class:`..schedules.interleaved.DevicePicks`). The order marks the device's cut of each step
+``t`` (the end of a sync step; in an async stream ``d`` backward slots after its last ``U(t)``,
+where every chunk holds version ``t + 1``): there the rank reports the step, then runs the
+held-out signal and the evaluation of version ``t + 1`` due, each in chunk order (each chunk needs
+only the previous chunk's; the cuts are closed under the order's dependencies, so every rank
+reaches its own without waiting for another's evaluations). ``E(0)`` runs before the first action.
+The gate is before the first of the rank's updates of a step (after its cut of the step before).
+A checkpoint's or snapshot's cut is the gate: a sync step is flushed, so nothing crosses it; an
+async stream over chunks is not, and a dist run of it refuses checkpoints and the divergence
+guard's rollback (the resent activations are one chunk's).
 
 Its entry points (the driver's spawn, torchrun's other ranks) are in :mod:`.launch`; fault
 injection for tests in :mod:`.faults`.
@@ -87,7 +92,7 @@ from ..data.batches import Batches
 from ..model.build import make_stages, model_config
 from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
 from ..schedules.choice import make_policy, microbatch_size, schedule_choice, virtual_stages
-from ..schedules.interleaved import device_picks
+from ..schedules.interleaved import CUT, DevicePicks
 from .. import checkpoint
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
 from .faults import inject_fault
@@ -193,9 +198,8 @@ class Worker:
         self.reporter = self.replica == 0  # puts the losses of evaluations and of the held-out signal
         v = self.v = virtual_stages(cfg) // p  # model chunks on this worker
         self.chunks = [s + p * j for j in range(v)]  # its virtual stages
-        # the device's order of its chunks' turns in a step, the same every step (with one chunk: always it)
-        self.turns = [c // p for c in device_picks(p, v, m)[s]] if v > 1 else [0]
-        self.turn = 0
+        self.picks: DevicePicks | None = None  # with chunks: the device's order of its chunks' turns (see _load)
+        self.cut_done = -1  # with chunks: the last step whose cut this worker has passed (report, signal, evaluations)
         self.opened = -1  # the step whose gate this worker has passed
         torch.set_num_threads(spec["threads"])
         torch.manual_seed(cfg.seed)
@@ -222,10 +226,11 @@ class Worker:
             return (micro, T, d)
 
         tied = cfg.model.tie_embeddings and p > 1
-        groups = build_groups(p, tied, R, self.replica, v)
+        # (the tables of gradient norms travel only in an async stream: interleaved 1F1B alone has none)
+        groups = build_groups(p, tied, R, self.replica, v, tables=v == 1 or choice.phase != SYNC)
         self.transport = DistTransport(s, p, groups, shape, device, ahead=spec["backend"] == "gloo",
                                        on_block=lambda b: status.set(WAIT_PEER if b else COMPUTING),
-                                       window=m + 2 * p + len(val) + 1,  # (above any schedule's sends in flight)
+                                       window=m + (v + 2) * p + len(val) + 1,  # (above any schedule's sends in flight)
                                        base=self.replica * p, chunks=v)
         # each chunk's all-reduce with its R copies, in the device's order on every replica: one group per device
         allreduce = DistAllReduce(groups[("dp", s)], self.transport) if R > 1 else None
@@ -235,7 +240,9 @@ class Worker:
         batch = batches if device.type == "cpu" else (lambda t, i: tuple(z.to(device) for z in batches(t, i)))
         self.spec = choice.spec
         policy = make_policy(cfg, self.plan)  # (its state is per stage: one for the worker's chunks)
-        self.programs = [StageProgram(c, choice.spec, self.plan, self.eval_at) for c in self.chunks]
+        # (with chunks the evaluations run at the device's cuts, not where a program would place them)
+        self.prog_eval = self.eval_at if v == 1 else (lambda t: False)
+        self.programs = [StageProgram(c, choice.spec, self.plan, self.prog_eval) for c in self.chunks]
         self.exs = [StageExecutor(c, p * v, m, module, opt, self.transport, batch, policy, prog,
                                   grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
                                   tied=tied, precision=cfg.train.get("precision", "fp32"),
@@ -243,7 +250,8 @@ class Worker:
                     for c, module, opt, prog in zip(self.chunks, modules, opts, self.programs)]
         for ex in self.exs:
             ex.val = val
-        self.orders = [EvalOrder(prog, self.eval_at) for prog in self.programs]
+        self.orders = [EvalOrder(prog, self.prog_eval) for prog in self.programs]
+        self._new_picks()
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
         self.eval_s = 0.0  # seconds in evaluations
         self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
@@ -282,6 +290,9 @@ class Worker:
         self.t0 = time.perf_counter()
         for mb in resend:  # in order, before any other activation
             self.ex.resend(mb)
+        if self.v > 1 and self.part is None and self.eval_at(-1):  # (with chunks E(0) runs here, not in the programs)
+            for j in range(self.v):
+                self._execute(j, Action(EVAL, -1, -1, 0, SYNC))
         verdict = self._loop()
         if verdict == "abort":
             raise Ended("abort")
@@ -323,20 +334,37 @@ class Worker:
                     return verdict
                 self.opened = a.step
             self.orders[j].pop()
-            if a.kind != EVAL:
-                self.turn = (self.turn + 1) % len(self.turns)
+            if self.picks is not None:
+                self.picks.advance(self.chunks[j])
             self._execute(j, a)
 
     def _next(self) -> tuple[int, Action | None]:
-        """The local chunk to run next and its action: the chunk whose turn it is in the device's
-        order (an evaluation before its first forward of a step runs on that turn), or once its
-        list has ended, the first chunk whose list has not (the evaluations after the last step)."""
-        j = self.turns[self.turn]
-        a = self.orders[j].peek()
-        for k in range(self.v if a is None else 0):
-            if (b := self.orders[k].peek()) is not None:
-                return k, b
-        return j, a
+        """The local chunk to run next and its action: with chunks, the chunk whose turn it is in the
+        device's order, once the cuts before it are passed (:meth:`_cut`); None at the order's end."""
+        if self.picks is None:
+            return 0, self.orders[0].peek()
+        while (e := self.picks.entry(self.stage)) is not None and e[0] == CUT:
+            self._cut(e[1])
+            self.picks.pass_cut(self.stage)
+        if e is None:
+            return 0, None
+        j = e[1] // self.p
+        return j, self.orders[j].peek()
+
+    def _cut(self, step: int) -> None:
+        """The device's cut of ``step`` (with chunks; :func:`..schedules.interleaved.stream_order`):
+        every chunk holds version ``step + 1``, and what the other devices need to reach theirs has
+        run. The rank reports the step, runs the held-out signal and the evaluation of version
+        ``step + 1`` due, each in chunk order (each chunk needs only the previous chunk's), once."""
+        if step <= self.cut_done:
+            return
+        self.cut_done = step
+        self._report(step)
+        if self.signal is not None:
+            self._signal(step + 1)
+        if self.eval_at(step):
+            for j in range(self.v):
+                self._execute(j, Action(EVAL, -1, step, step + 1, SYNC))
 
     def _gate(self, step: int) -> str:
         """Wait for the driver's verdict on ``U(step)``: ``go`` (``snap``: keep a snapshot here
@@ -381,7 +409,7 @@ class Worker:
                     self.board.put(f"eval/{a.version}", losses)
         else:
             self.busy += dt - (self.transport.wait_s - w0)
-        if a.kind == UPDATE and all(e.live > a.step for e in self.exs):  # the rank's last update of the step
+        if a.kind == UPDATE and self.v == 1:  # (with chunks the rank reports at its cut)
             self._report(a.step)
             if self.signal is not None:
                 self._signal(a.step + 1)
@@ -511,12 +539,27 @@ class Worker:
     def _load(self, state: dict) -> None:
         """Restore a state of :meth:`_state` into fresh programs of the plan (which holds the phases
         decided at its cut); the device's turn is at its first update (the gate)."""
-        self.programs = [StageProgram(c, self.spec, self.plan, self.eval_at) for c in self.chunks]
+        self.programs = [StageProgram(c, self.spec, self.plan, self.prog_eval) for c in self.chunks]
         for ex, prog, st in zip(self.exs, self.programs, [state["executor"], *state.get("chunks", [])]):
             ex.load_state_dict(st, prog)
-        self.orders = [EvalOrder(prog, self.eval_at) for prog in self.programs]
-        self.turn = len(self.turns) - self.v if self.v > 1 else 0
+        self.orders = [EvalOrder(prog, self.prog_eval) for prog in self.programs]
+        self._new_picks()
+        # at the gate of U(k): the cut of k - 1 passed (its report, signal and evaluations are the driver's)
+        self.cut_done = min(prog.updates for prog in self.programs) - 1
         self.opened = -1
+
+    def _new_picks(self) -> None:
+        """With chunks, the device's order, at the position its chunks' programs are at; every cut shows."""
+        if self.v > 1:
+            self.picks = DevicePicks(self.spec, self.plan, self._all_programs())
+            self.picks.until = -1
+
+    def _all_programs(self) -> list:
+        """The programs indexed by virtual stage (this device's; the others' None)."""
+        out: list = [None] * (self.p * self.v)
+        for c, prog in zip(self.chunks, self.programs):
+            out[c] = prog
+        return out
 
     def _report(self, step: int) -> None:
         if self.device.type == "cuda":

@@ -81,8 +81,16 @@ class Plan:
         self.max_steps = min(self.max_steps, max(step, len(self.phases)))
 
 
-def lookahead(stages: int, microbatches: int) -> int:
+def lookahead(stages: int, microbatches: int, chunks: int = 1) -> int:
     """Steps beyond ``t`` whose phase must be known to run every stage up to the update of step
     ``t``: the first stage runs ``p - 1`` microbatches ahead in a 1F1B stream, so
-    ``ceil((p - 1) / m)``."""
+    ``ceil((p - 1) / m)``. With ``chunks = v > 1`` (the interleaved stream of :mod:`.interleaved`):
+    ``1 + (2p - 1) // m``. Device 0 reaches its last ``U(t)`` (chunk 0's backward slot
+    ``(t + 1) m v - 1``) after forward slot ``W_0 + (t + 1) m v - 1``, ``2p - 3`` microbatches past
+    step ``t + 1``'s first; device ``d`` runs ``d`` backward slots further, to its cut of step ``t``,
+    and a chunk's program reads ahead to its own next action: at most two microbatches more
+    (tests/test_adapipe_interleaved.py measures it on the simulator).
+    """
+    if chunks > 1:
+        return 1 + (2 * stages - 1) // microbatches
     return -(-(stages - 1) // microbatches)

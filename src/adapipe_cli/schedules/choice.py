@@ -31,9 +31,17 @@ def schedule_choice(cfg) -> ScheduleChoice:
     return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync), chunks=v), None)
 
 
+def chunks(cfg) -> int:
+    """Model chunks per device: ``schedule.chunks`` when interleaved (``schedule=interleaved``, or
+    adapipe with ``schedule.sync=interleaved``, whose placement holds in both phases), else 1."""
+    s = cfg.schedule
+    interleaved = s.name == "interleaved" or (s.name == "adapipe" and s.sync == "interleaved")
+    return s.chunks if interleaved else 1
+
+
 def virtual_stages(cfg) -> int:
     """Model chunks of the run: ``pipeline.stages``, times ``schedule.chunks`` when interleaved."""
-    return cfg.pipeline.stages * (cfg.schedule.chunks if cfg.schedule.name == "interleaved" else 1)
+    return cfg.pipeline.stages * chunks(cfg)
 
 
 def microbatch_size(cfg) -> int:

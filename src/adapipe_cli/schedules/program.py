@@ -21,9 +21,11 @@ Within a segment of microbatches ``[a, b)`` stage ``s`` of ``p`` runs
   at stage ``s`` and the ``W`` deferred to the tail (:mod:`.zero_bubble`): every stage holds up to
   ``2p - 1`` microbatches, and without the update's barrier (``ScheduleSpec.barrier``) the bubble
   per step is ``(p - 1)(F + I - 2W)``, zero at ``F = I = W``.
-- interleaved 1F1B (sync only; ``chunks = v > 1``): stage ``s`` is one of ``p v`` virtual stages,
-  on device ``s % p``; its list is its device's interleaved order restricted to it
-  (:mod:`.interleaved`), and the runtimes run each device's virtual stages in that order.
+- interleaved 1F1B (``chunks = v > 1``): stage ``s`` is one of ``p v`` virtual stages, on device
+  ``s % p``; its list is its device's interleaved order restricted to it (:mod:`.interleaved`),
+  and the runtimes run each device's virtual stages in that order. In an async segment (AdaPipe
+  with ``sync=interleaved``) the order is the interleaved stream of :mod:`.interleaved`: PipeDream
+  over the ``p v`` virtual stages, weight stashing only.
 
 and the update ``U(t)`` right after the backward of the last microbatch of step ``t``.
 
@@ -47,7 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, Plan
-from .interleaved import chunk_actions
+from .interleaved import chunk_actions, stream_next_forward, stream_order
 from .zero_bubble import zbh2_order
 
 WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
@@ -90,6 +92,9 @@ class ScheduleSpec:
                                 f"(= {self.stages}); got {self.microbatches}")
         if self.weights not in WEIGHT_RULES:
             raise ScheduleError(f"unknown weight rule {self.weights!r}: use stash, latest or vertical")
+        if self.chunks > 1 and self.weights != "stash":
+            raise ScheduleError(f"the async phase over interleaved chunks is PipeDream with weight stashing: use "
+                                f"schedule.async=pipedream schedule.weights=stash (got weights={self.weights})")
         if self.weights == "2bw" and self.microbatches < self.stages - 1:
             raise ScheduleError(
                 f"2bw needs pipeline.microbatches >= pipeline.stages - 1 (= {self.stages - 1}); "
@@ -123,6 +128,7 @@ class StageProgram:
         self._next: Action | None = None
         self._peeked = False
         self.popped = 0  # actions consumed so far: the program's position, for checkpoints
+        self.trained = 0  # of them, training actions (not E): the device's count with chunks
 
     # -- public ------------------------------------------------------------------------------
     def peek(self) -> Action | None:
@@ -136,6 +142,7 @@ class StageProgram:
         self._peeked = False
         if a is not None:
             self.popped += 1
+            self.trained += a.kind != EVAL
         return a
 
     def skip(self, n: int) -> None:
@@ -187,9 +194,12 @@ class StageProgram:
         self.updates += 1
         yield Action(UPDATE, -1, step, step, phase)
         if self.eval_at(step):
-            # the first stage's next forward after U(step): first(step+1) + w0 in a stream, or
-            # the segment's end if it comes first
+            # the first stage's next forward after U(step): first(step+1) + w0 in a stream (its
+            # place in the interleaved stream with chunks), or the segment's end if it comes first
             nxt = (step + 1) * self.m + (self.p - 1 if phase == ASYNC else 0)
+            if phase == ASYNC and self.spec.chunks > 1:
+                a = self.seg_start * self.m
+                nxt = a + stream_next_forward(step - self.seg_start, self.p, self.spec.chunks, self.m)
             self.pending_evals.append((nxt if seg_end is None else min(nxt, seg_end), step))
 
     def _sync_step(self, t: int) -> Iterator[Action]:
@@ -241,7 +251,7 @@ class StageProgram:
     def _async_segment(self, t0: int) -> Iterator[Action]:
         """A 1F1B stream over consecutive async steps from ``t0``; returns the step after it."""
         if self.spec.chunks > 1:
-            raise ScheduleError("an asynchronous step needs one model chunk per device (schedule.chunks=1)")
+            return (yield from self._interleaved_segment(t0))
         m, w = self.m, self.p - self.s - 1
         a = t0 * m
         fwd_version: dict[int, int] = {}
@@ -286,4 +296,31 @@ class StageProgram:
         while i < end:
             yield from backward(i)
             i += 1
+        return end // m
+
+    def _interleaved_segment(self, t0: int) -> Iterator[Action]:
+        """PipeDream over the virtual stages (weight stashing): this chunk's part of its device's
+        interleaved stream from step ``t0`` (:func:`.interleaved.stream_order`); returns the step
+        after the segment."""
+        m, a, p, v = self.m, t0 * self.m, self.p, self.spec.chunks
+        d, j = self.s % p, self.s // p
+        order = stream_order(d, p, v, m, lambda i: self._in_segment(a + i))
+        fwd_version: dict[int, int] = {}
+        while True:
+            try:
+                kind, jj, i = next(order)
+            except StopIteration as stop:
+                end = a + stop.value
+                break
+            if jj != j:
+                continue
+            if kind == FORWARD:
+                fwd_version[a + i] = self.updates  # the chunk's latest weights
+                yield from self._forward(a + i, self.updates, ASYNC)
+            elif kind == BACKWARD:
+                yield Action(BACKWARD, a + i, (a + i) // m, fwd_version.pop(a + i), ASYNC)
+            else:
+                yield from self._update((a + i) // m, ASYNC, None)
+        # evaluations waiting for the first stage's next forward: it is at most the segment's end
+        self.pending_evals = [(min(k, end), t) for k, t in self.pending_evals]
         return end // m

@@ -33,7 +33,7 @@ class Replay:
         self.mit = set(mitigations)
         self.record = record
         self.programs = [StageProgram(s, spec, plan) for s in range(p)]
-        self.picks = DevicePicks(spec)
+        self.picks = DevicePicks(spec, plan)
         self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
                                    [spec.device_of(s) for s in range(p)], allreduce=allreduce)
         self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
@@ -96,27 +96,29 @@ class Replay:
 
     def run_all(self) -> None:
         """Every action of the plan."""
+        self.picks.until = float("inf")
         walk(self.programs, range(self.p), lambda s: self.programs[s].peek() is None, self.ready, self.execute)
 
     def run_step(self, t: int) -> tuple[float, float]:
         """Every stage up to and including its ``U(t)``; (the end of step ``t``'s last update, the
         stages' busy seconds so far)."""
-        walk(self.programs, range(self.p), lambda s: self.updated[s] >= t, self.ready, self.execute)
+        self.picks.until = t  # (with chunks each device stops at its cut of t, as in the local runtime)
+        done = (lambda s: self.updated[s] >= t) if self.spec.chunks == 1 else (lambda s: self.picks.at_cut(s % self.spec.stages, t) or self.programs[s].peek() is None)
+        walk(self.programs, range(self.p), done, self.ready, self.execute)
         return self.clock.update_end.pop(t), sum(self.clock.busy)
 
     # -- state (the divergence guard's rollback) -----------------------------------------------
     def state_dict(self) -> dict:
-        return {"popped": [prog.popped for prog in self.programs], "picks": list(self.picks.pos), "clock": self.clock.state_dict(),
+        return {"popped": [prog.popped for prog in self.programs], "clock": self.clock.state_dict(),
                 "ledgers": [copy.deepcopy(led.state_dict()) for led in self.ledgers],
                 "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra")})}
 
     def load_state_dict(self, state: dict) -> None:
         """Go back to ``state``; the plan must hold the phases decided when it was taken."""
         self.programs = [StageProgram(s, self.spec, self.plan) for s in range(self.p)]
-        self.picks = DevicePicks(self.spec)
-        self.picks.pos = list(state.get("picks", self.picks.pos))
         for prog, n in zip(self.programs, state["popped"]):
             prog.skip(n)
+        self.picks = DevicePicks(self.spec, self.plan, self.programs)  # (each device where its chunks are)
         self.clock.load_state_dict(state["clock"])
         for led, st in zip(self.ledgers, state["ledgers"]):
             led.load_state_dict(copy.deepcopy(st))

@@ -65,7 +65,7 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     n = len(clock.update_end)
     ends = [clock.update_end[t] for t in range(n)]
     makespan = ends[-1] if ends else 0.0
-    skip = lookahead(p, spec.microbatches) + 1
+    skip = lookahead(devices, spec.microbatches, spec.chunks) + 1
     step_time = _steady_step_time(ends, skip)
     split = spec.sync in SPLIT_SCHEDULES and all(ph == SYNC for ph in plan.phases[:n])
     back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
@@ -90,16 +90,16 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
         update_end=ends,
         memory=[led.report() for led in ledgers],
         timeline=timeline,
-        steady=all(ph == SYNC for ph in plan.phases[:n]) or n >= min_steady_steps(p, spec.microbatches),
+        steady=all(ph == SYNC for ph in plan.phases[:n]) or n >= min_steady_steps(devices, spec.microbatches, spec.chunks),
         replicas=allreduce.replicas if allreduce else 1,
         allreduce_s=ar or [0.0] * p,
     )
 
 
-def min_steady_steps(stages: int, microbatches: int) -> int:
+def min_steady_steps(stages: int, microbatches: int, chunks: int = 1) -> int:
     """Steps a run needs for its steady-state step time to leave out the fill and the drain:
-    ``2 * (lookahead(p, m) + 1) + 3`` (a run of flushed sync steps is steady from its first)."""
-    return 2 * (lookahead(stages, microbatches) + 1) + 3
+    ``2 * (lookahead(p, m, v) + 1) + 3`` (a run of flushed sync steps is steady from its first)."""
+    return 2 * (lookahead(stages, microbatches, chunks) + 1) + 3
 
 
 def _steady_window(n: int, skip: int) -> range:
@@ -129,13 +129,11 @@ def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel 
     (a drain and a fill) over what its steps cost in their steady states."""
     from ..schedules import ASYNC
 
-    k = 2 * (lookahead(spec.stages, spec.microbatches) + 2)
+    k = 2 * (lookahead(spec.stages, spec.microbatches, spec.chunks) + 2)
     n = 3 * k
     sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations,  # noqa: E731
                                   allreduce=allreduce)
     sync = sim([SYNC] * n)
-    if spec.chunks > 1:  # interleaved runs sync steps only
-        return sync.step_time, sync.step_time, 0.0
     asyn = sim([ASYNC] * n)
     trip = sim([ASYNC] * k + [SYNC] * k + [ASYNC] * k)
     extra = trip.makespan - asyn.makespan - k * (sync.step_time - asyn.step_time)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from .. import checkpoint
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..schedules import lookahead
-from ..schedules.choice import ScheduleChoice
+from ..schedules.choice import ScheduleChoice, chunks
 
 
 def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
@@ -37,4 +37,4 @@ def decision_lag(cfg) -> int:
     """The phase of step ``u`` is decided after step ``u - lag`` has been observed. The pipeline
     needs phases ``lookahead`` steps ahead; one more step of slack lets a distributed runtime
     deliver each decision before the first stage needs it, without a stall."""
-    return lookahead(cfg.pipeline.stages, cfg.pipeline.microbatches) + 2
+    return lookahead(cfg.pipeline.stages, cfg.pipeline.microbatches, chunks(cfg)) + 2

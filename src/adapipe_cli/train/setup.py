@@ -25,7 +25,7 @@ from ..runtime.local import LocalRuntime, Replica
 from ..runtime.profile_meta import measure_stage_profile, profile_meta, profile_mismatch
 from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
-from ..schedules.choice import make_policy, microbatch_size, schedule_choice, virtual_stages
+from ..schedules.choice import chunks, make_policy, microbatch_size, schedule_choice, virtual_stages
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
@@ -38,7 +38,7 @@ def runtime_kind(cfg) -> str:
     (stage of each replica)."""
     if cfg.pipeline.runtime != "auto":
         return cfg.pipeline.runtime
-    if cfg.schedule.name == "interleaved" and cfg.pipeline.stages < 2:
+    if (cfg.schedule.name == "interleaved" or chunks(cfg) > 1) and cfg.pipeline.stages < 2:
         return "local"  # a worker does not send to itself
     workers = cfg.pipeline.stages * cfg.pipeline.replicas
     return "dist" if torch.cuda.is_available() and torch.cuda.device_count() >= workers else "local"
@@ -162,6 +162,7 @@ class RunSetup:
         every stage); without ``pipeline.profile`` each worker measures its own stage's costs."""
         from ..runtime.dist import DistRuntime
 
+        self._refuse_unbuilt_dist()
         given = self._given_profile()
         if given is not None:
             self._use_profile(given)  # (a refused resume starts no worker)
@@ -179,6 +180,19 @@ class RunSetup:
             rt.close()
             raise
         return rt
+
+    def _refuse_unbuilt_dist(self) -> None:
+        """What the dist runtime does not build for AdaPipe over interleaved chunks: its async stream
+        has activations and gradients in flight between every pair of chunks at a gate, and the
+        workers resend one chunk's (see runtime/worker.py), so no checkpoint and no rollback."""
+        if self.choice.spec.chunks == 1 or self.choice.phase == SYNC:
+            return
+        t, what = self.cfg.train, "schedule.sync=interleaved on pipeline.runtime=dist"
+        if t.checkpoint_every or t.resume or t.save_final:
+            raise ConfigError(f"{what} does not write or resume checkpoints yet: use train.checkpoint_every=0 "
+                              f"train.save_final=false, or pipeline.runtime=local")
+        if self.guard.enabled:
+            raise ConfigError(f"{what} does not roll back yet: use heuristic.guard=false, or pipeline.runtime=local")
 
     def _given_profile(self) -> CostProfile | None:
         """``pipeline.profile``, or a resumed run's own (None: measure one); refused when it was

@@ -12,26 +12,42 @@ from .plots import plot_curves, plot_phases
 from .state import RunState
 
 
+def interleaved_chunks(schedule) -> int:
+    """AdaPipe's chunks per device with ``schedule.sync=interleaved`` (both phases hold them), else 1."""
+    s = schedule
+    return s.chunks if s.name == "adapipe" and s.sync == "interleaved" else 1
+
+
 def async_label(schedule) -> str:
     """The published name of the async schedule a config runs (``schedule=pipedream``/``2bw``, or
     adapipe's ``schedule.async``), with every mitigation named: ``pipedream`` (PipeDream, weight
-    stashing), ``pipedream-latest``, ``2bw`` (PipeDream-2BW), ``pipedream+predict``, ..."""
+    stashing), ``pipedream-latest``, ``2bw`` (PipeDream-2BW), ``pipedream+predict``, ...;
+    ``pipedream-v2``: PipeDream over the ``2p`` virtual stages of interleaved 1F1B's placement."""
     s = schedule
     base = s["async"] if s.name == "adapipe" else s.name
     name = "2bw" if base == "2bw" else ("pipedream" if s.weights == "stash" else f"pipedream-{s.weights}")
-    return name + "".join(f"+{x}" for x in s.mitigation)
+    v = interleaved_chunks(s)
+    return name + (f"-v{v}" if v > 1 else "") + "".join(f"+{x}" for x in s.mitigation)
 
 
 def method_label(cfg) -> str:
     """What a run is, in the field's names, wherever it shows (run log, summary.json, plots):
     ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(1f1b/pipedream+predict)``
-    (AdaPipe: its heuristic, then the sync and async schedules it switches between)."""
+    (AdaPipe: its heuristic, then the sync and async schedules it switches between;
+    ``adapipe-fixed(interleaved-v2/pipedream-v2)``: interleaved 1F1B with 2 chunks per device and
+    PipeDream over the same ``2p`` virtual stages)."""
     s = cfg.schedule
     if s.name in ("pipedream", "2bw"):
         return async_label(s)
     if s.name == "adapipe":
-        return f"adapipe-{cfg.heuristic.name}({s.sync}/{async_label(s)})"
+        return f"adapipe-{cfg.heuristic.name}({sync_label(s)}/{async_label(s)})"
     return s.name
+
+
+def sync_label(schedule) -> str:
+    """AdaPipe's sync schedule: ``schedule.sync``, with its chunks when interleaved (``interleaved-v2``)."""
+    v = interleaved_chunks(schedule)
+    return schedule.sync + (f"-v{v}" if v > 1 else "")
 
 
 def first_line(cfg, runtime: Runtime, clock: str, device, data: str) -> str:
@@ -76,7 +92,7 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     return {
         "method": method_label(cfg), "schedule": cfg.schedule.name,
         # the schedule each phase ran as (adapipe: both; a plain schedule: its one phase)
-        "phase_schedules": {"sync": cfg.schedule.sync if cfg.schedule.name == "adapipe" else
+        "phase_schedules": {"sync": sync_label(cfg.schedule) if cfg.schedule.name == "adapipe" else
                             (cfg.schedule.name if phase == SYNC else None),
                             "async": async_label(cfg.schedule) if phase != SYNC else None},
         "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,

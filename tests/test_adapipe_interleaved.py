@@ -74,7 +74,7 @@ def reference(p, v, m, plan, data, gcfg, table, mitigation=(), **kw):
     return [loop.step(t, *data[t]) for t in range(len(plan))], [w[-1] for w in loop.versions]
 
 
-CASES = [(2, 2, 2, "saassaaa", GCFG), (2, 2, 4, "aasasaa", GCFG),
+CASES = [(2, 2, 2, "saassaaa", GCFG), pytest.param(2, 2, 4, "aasasaa", GCFG, marks=pytest.mark.slow),
          pytest.param(4, 2, 4, "asaasaa", DEEP, marks=pytest.mark.slow),
          pytest.param(2, 3, 2, "aaasaas", DEEP, marks=pytest.mark.slow)]
 
@@ -200,11 +200,23 @@ INTERLEAVED = ["schedule=adapipe", "schedule.sync=interleaved", "schedule.chunks
                "model.n_layer=4"]
 
 
+def test_the_label_names_both_phases_over_the_chunks(make_cfg):
+    from adapipe_cli.train.summary import async_label, method_label, sync_label
+
+    cfg = make_cfg(*INTERLEAVED)
+    assert method_label(cfg) == "adapipe-fixed(interleaved-v2/pipedream-v2+predict)"
+    assert (sync_label(cfg.schedule), async_label(cfg.schedule)) == ("interleaved-v2", "pipedream-v2+predict")
+    assert method_label(make_cfg("schedule=adapipe", "schedule.sync=zbh1")) == "adapipe-goodput(zbh1/pipedream+predict)"
+
+
+@pytest.mark.slow  # a training run in process (about 10 s on a busy machine): the label's fast twin is above
 def test_a_run_names_the_variant_and_switches(make_cfg, tmp_path):
     """End to end on the local runtime: the summary names both phases' schedules over the chunks."""
     from adapipe_cli.train.loop import train
 
-    s = train(make_cfg(*INTERLEAVED), tmp_path)
+    profile = tmp_path / "uniform.json"  # (not measured: a fast test)
+    CostProfile.uniform(4, 0.01, 0.02, 0.001).save(profile)
+    s = train(make_cfg(*INTERLEAVED, f"pipeline.profile={profile}"), tmp_path / "run")
     assert s["method"] == "adapipe-fixed(interleaved-v2/pipedream-v2+predict)"
     assert s["phase_schedules"] == {"sync": "interleaved-v2", "async": "pipedream-v2+predict"}
     assert s["phases"]["sync"]["steps"] == 2 and s["switches"] == 2

@@ -149,6 +149,11 @@ class BoardPlan(Plan):
         return super().phase(step)
 
 
+def never(step: int) -> bool:
+    """No evaluation (the programs' with chunks: the worker evaluates at its cuts)."""
+    return False
+
+
 class EvalOrder:
     """A stage program's actions in the order a worker runs them: the program's, except that
     ``E(v)`` runs right before ``U(v)`` when the program places it later."""
@@ -241,7 +246,7 @@ class Worker:
         self.spec = choice.spec
         policy = make_policy(cfg, self.plan)  # (its state is per stage: one for the worker's chunks)
         # (with chunks the evaluations run at the device's cuts, not where a program would place them)
-        self.prog_eval = self.eval_at if v == 1 else (lambda t: False)
+        self.prog_eval = self.eval_at if v == 1 else None
         self.programs = [StageProgram(c, choice.spec, self.plan, self.prog_eval) for c in self.chunks]
         self.exs = [StageExecutor(c, p * v, m, module, opt, self.transport, batch, policy, prog,
                                   grad_clip=cfg.optim.grad_clip, seed=replica_seed(cfg.seed, self.replica),
@@ -250,7 +255,7 @@ class Worker:
                     for c, module, opt, prog in zip(self.chunks, modules, opts, self.programs)]
         for ex in self.exs:
             ex.val = val
-        self.orders = [EvalOrder(prog, self.prog_eval) for prog in self.programs]
+        self.orders = [EvalOrder(prog, self.prog_eval or never) for prog in self.programs]
         self._new_picks()
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
         self.eval_s = 0.0  # seconds in evaluations
@@ -542,7 +547,7 @@ class Worker:
         self.programs = [StageProgram(c, self.spec, self.plan, self.prog_eval) for c in self.chunks]
         for ex, prog, st in zip(self.exs, self.programs, [state["executor"], *state.get("chunks", [])]):
             ex.load_state_dict(st, prog)
-        self.orders = [EvalOrder(prog, self.prog_eval) for prog in self.programs]
+        self.orders = [EvalOrder(prog, self.prog_eval or never) for prog in self.programs]
         self._new_picks()
         # at the gate of U(k): the cut of k - 1 passed (its report, signal and evaluations are the driver's)
         self.cut_done = min(prog.updates for prog in self.programs) - 1

@@ -30,7 +30,13 @@ forward slot ``W_d + b`` (``W_d = 2 (p - d - 1) + (v - 1) p``), so the forward u
 and its gradient is ``floor(i / m) - max(0, floor((k - W_d + j p) / (m v)))`` steps stale.
 The order is deadlock-free whatever the segment's length (it is Megatron's order over that many
 microbatches), so the drain at async -> sync is its cool-down, and the fill at sync -> async its
-warm-up.
+warm-up. Why this design: no weight moves at a switch (re-placing the chunks for a 1F1B stream
+would send every chunk's weights and optimizer state), both phases keep one placement, message
+pattern and memory ledger, and a switch stays a segment boundary as for the other sync
+schedules. Its price: a device holds up to ``W_d + 1`` chunk activations in the stream, each a
+``1 / v`` share (device 0: ``p + (p - 1) / v`` microbatches' worth, 1F1B's ``p`` and a little), and,
+as in PipeDream, the first virtual stage's gradients are the stalest. In the steady state a step takes ``m (F + B)`` per device: no
+bubble.
 """
 
 from __future__ import annotations
@@ -124,34 +130,11 @@ def stream_order(device: int, p: int, v: int, m: int, in_segment: Callable[[int]
     return total // v
 
 
-def stream_version(i: int, chunk: int, p: int, v: int, m: int) -> int:
-    """Updates chunk ``chunk`` has made in its async segment when it forwards microbatch ``i`` of the
-    segment (the module docstring's ``max(0, floor((k - W_d + j p) / (m v)))``)."""
-    d, j = chunk % p, chunk // p
-    k = (i // p) * p * v + j * p + i % p
-    return max(0, (k - stream_warmup(d, p, v) + j * p) // (m * v))
-
-
-def stream_next_forward(step: int, p: int, v: int, m: int) -> int:
-    """The microbatch (counted from the segment's first) that chunk 0 forwards first after its
-    update of the segment's step ``step`` (counted from 0), if the segment lasts: its next forward
-    slot at or after ``W_0 + (step + 1) m v`` (where evaluations are placed)."""
-    k = stream_warmup(0, p, v) + (step + 1) * m * v
-    if (k // p) % v:
-        k = (k // (p * v) + 1) * p * v
-    return _chunk_and_mb(k, p, v, False)[1]
-
-
 def chunk_actions(chunk: int, p: int, v: int, m: int) -> list[tuple[str, int]]:
     """Virtual stage ``chunk``'s own actions in one step, ``(kind, i)``: its device's order
     restricted to it."""
     d, j = chunk % p, chunk // p
     return [(kind, i) for kind, jj, i in interleaved_order(p, v, m)[d] if jj == j]
-
-
-def device_picks(p: int, v: int, m: int) -> list[list[int]]:
-    """Per device, the virtual stage of each of its actions in one step, in the order it runs them."""
-    return [[d + p * j for _, j, _ in acts] for d, acts in enumerate(interleaved_order(p, v, m))]
 
 
 def device_order(device: int, spec, plan) -> Iterator[tuple[str, int]]:

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, Plan
-from .interleaved import chunk_actions, stream_next_forward, stream_order
+from .interleaved import chunk_actions, stream_order
 from .zero_bubble import zbh2_order
 
 WEIGHT_RULES = ("stash", "latest", "vertical", "2bw")
@@ -116,6 +116,8 @@ class StageProgram:
     """
 
     def __init__(self, stage: int, spec: ScheduleSpec, plan: Plan, eval_at: Callable[[int], bool] | None = None):
+        if eval_at is not None and spec.chunks > 1:  # (a device's cut is where both runtimes evaluate)
+            raise ValueError("with chunks, evaluations run at each device's cut of a step, not in the stage programs")
         self.s, self.spec, self.plan = stage, spec, plan
         self.p, self.m = spec.stages, spec.microbatches
         self.eval_at = eval_at or (lambda t: False)
@@ -194,12 +196,9 @@ class StageProgram:
         self.updates += 1
         yield Action(UPDATE, -1, step, step, phase)
         if self.eval_at(step):
-            # the first stage's next forward after U(step): first(step+1) + w0 in a stream (its
-            # place in the interleaved stream with chunks), or the segment's end if it comes first
+            # the first stage's next forward after U(step): first(step+1) + w0 in a stream, or
+            # the segment's end if it comes first
             nxt = (step + 1) * self.m + (self.p - 1 if phase == ASYNC else 0)
-            if phase == ASYNC and self.spec.chunks > 1:
-                a = self.seg_start * self.m
-                nxt = a + stream_next_forward(step - self.seg_start, self.p, self.spec.chunks, self.m)
             self.pending_evals.append((nxt if seg_end is None else min(nxt, seg_end), step))
 
     def _sync_step(self, t: int) -> Iterator[Action]:

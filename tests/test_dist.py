@@ -16,6 +16,7 @@ import torch
 
 from adapipe_cli.config import ConfigError
 from adapipe_cli import checkpoint
+from adapipe_cli.runtime.action_times import warm_steps
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
@@ -78,6 +79,20 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     prof = json.loads((tmp_path / "dist" / "profile.json").read_text())
     assert prof["meta"]["devices"] == ["cpu"] * n and all(f > 0 for f in prof["forward"])
     assert (tmp_path / "dist" / "curves.png").stat().st_size > 0
+    # where the time went: each stage's actions over the window (the reports after U(warm - 1) and
+    # after the last update) against what the profile charges for them
+    at, window = ds["action_times"], ds["steps"] - warm_steps(ds["steps"])
+    rows = {(r["stage"], r["kind"]): r for r in at["actions"]}
+    assert {k for _, k in rows} == {"F", "B", "U"} and {s for s, _ in rows} == set(range(n))
+    assert all(r["run_s"] > 0 and r["cpu_s"] > 0 and r["profiled_s"] > 0 for r in rows.values())
+    if schedule == "1f1b":  # flushed steps: the window's actions exactly; every backward but a step's first accumulates
+        for s in range(stages):
+            assert [rows[(s, k)]["count"] for k in "FBU"] == [window * micro, window * micro, window]
+            assert rows[(s, "B")]["accumulate"] == (micro - 1) / micro
+            assert rows[(s, "B")]["profiled_s"] == pytest.approx(prof["backward"][s] + (micro - 1) / micro * prof["accumulate"][s])
+            assert rows[(s, "U")]["profiled_s"] == pytest.approx(prof["update"][s])
+    assert [r["rank"] for r in at["ranks"]] == list(range(stages)) and all(r["steps"] == window for r in at["ranks"])
+    assert all(r["step_s"] > r["wait_peer_s"] >= 0 and r["other_threads_cpu_s"] >= 0 for r in at["ranks"])
 
 
 def test_early_stops_end_every_stage_at_the_same_step(make_cfg, tmp_path):

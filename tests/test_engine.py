@@ -232,6 +232,31 @@ def test_pipeline_clock_charges_copies_predictions_and_recomputes(weights, mitig
         assert busy == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("sync,weights", [("1f1b", "stash"), ("zbh1", "stash"), ("1f1b", "latest")])
+def test_pipeline_clock_charges_gradient_accumulation(sync, weights):
+    """Every backward (W of a split one) but the first of a step adds its gradient into the step's
+    accumulator: with a non-zero ``accumulate`` cost the local clock still equals the simulator,
+    and the busy time grows by exactly (m - 1) x steps x accumulate[s] per stage (hand count)."""
+    from adapipe_cli.schedules import Plan, ScheduleSpec
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.simulator.simulate import simulate
+
+    phases = [SYNC, SYNC, SYNC] if sync == "zbh1" else [SYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC]
+    p, m = 3, 3
+    acc = [0.031, 0.037, 0.041]
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.07, 0.11, 0.13], accumulate=acc)
+    free = CostProfile(prof.forward, prof.backward, prof.update, copy=prof.copy)
+    rt = local_runtime(p, m, phases, make_data(len(phases)), sync=sync, weights=weights, profile=prof)
+    times = [rt.run_step(t).time_s for t in range(len(phases))]
+    spec, plan = ScheduleSpec(p, m, sync, weights), Plan(len(phases), phases)
+    sim = simulate(spec, plan, prof)
+    assert times == pytest.approx(sim.update_end, rel=1e-12)
+    base = simulate(spec, plan, free)
+    busy = [u * sim.makespan - v * base.makespan for u, v in zip(sim.utilization, base.utilization)]
+    assert busy == pytest.approx([(m - 1) * len(phases) * a for a in acc], rel=1e-9)
+    assert sim.makespan > base.makespan
+
+
 @pytest.mark.parametrize("m", [1, 2])
 def test_one_stage_sync_and_async_clip_identically(m):
     """With one stage an async step has no delay: its clipping is sync's (the global norm), with

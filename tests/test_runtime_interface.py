@@ -17,7 +17,7 @@ from adapipe_cli.runtime.local import LocalRuntime
 
 MEMBERS = {"name", "backend", "clock_name", "snapshots", "heldout", "link", "decide", "run_step", "evaluations",
            "evaluate_now", "evaluate", "state_dict", "load_state_dict", "write_checkpoint_parts",
-           "restore_checkpoint", "memory", "close"}
+           "restore_checkpoint", "memory", "action_times", "close"}
 
 
 def test_both_runtimes_define_the_whole_interface():

@@ -109,6 +109,10 @@ class Runtime(Protocol):
     def memory(self) -> list[dict]:
         """Peak memory of each stage: activations and weight versions held (and RSS, device MB)."""
 
+    def action_times(self) -> dict | None:
+        """Per stage and action kind, the seconds the run's actions took against what its cost
+        profile charges (the dist runtime's, after close; None where the clock is the profile's own)."""
+
     def close(self) -> None:
         """End the run and release its stages (workers); safe to call twice."""
 

@@ -58,6 +58,7 @@ from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
 from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
+from .action_times import action_table
 from .profile import join_profiles
 from .replicas import split_pipelines, where, who
 from .watchdog import Collector, Watchdog
@@ -189,6 +190,8 @@ class DistRuntime:
         self.snap_due = False  # the next gate keeps a snapshot (the divergence guard's)
         self.rollbacks = 0
         self.replay: Replay | None = None  # the pipeline clock, pipeline.clock=profiled
+        self.profile: CostProfile | None = None
+        self.windows: list[dict | None] = []  # each rank's ActionTimes window, from its done/{r}
         self._lock = threading.Lock()
         self._stopping = threading.RLock()  # the watchdog and the main thread both poll and stop workers
         if self.env is not None:
@@ -399,6 +402,12 @@ class DistRuntime:
                             **{k: c.get(k, rep.get(k)) for k in keys}})
         return sorted(out, key=lambda row: (row.get("replica", 0), row["stage"]))
 
+    def action_times(self) -> dict | None:
+        """Per stage and action kind, the seconds the workers' actions took against what the
+        run's profile charges, and each rank's overheads per step (:func:`.action_times.action_table`);
+        after :meth:`close`, None before or on CUDA."""
+        return action_table(self.windows, self.profile)
+
     def close(self) -> None:
         """End the run and wait for every worker to finish; when an exception is on its way (or a
         worker failed), stop the workers at once instead."""
@@ -410,6 +419,7 @@ class DistRuntime:
             if not failing:
                 self._end("end")
                 ends = self._collect([f"done/{r}" for r in range(self.n)])
+                self.windows = [end.get("action_times") for end in ends]
                 for r, end in enumerate(ends):  # the workers' peaks at their ends (see Worker.run)
                     if r in self.reports:
                         self.reports[r].update({k: end[k] for k in ("peak_rss_mb", "peak_device_mb")})

@@ -317,6 +317,9 @@ class LocalRuntime:
     def restore_checkpoint(self, folder: Path, manifest: dict, run: dict) -> None:
         self.load_state_dict(checkpoint.read_part(folder, manifest, "pipeline"))
 
+    def action_times(self) -> None:
+        return None  # the clock charges the actions' profiled (or measured) durations themselves
+
     def memory(self) -> list[dict]:
         """Per stage, the ledger's peaks: activations, weight versions, parameter and gradient
         sets, and bytes (when the profile knows the sizes)."""

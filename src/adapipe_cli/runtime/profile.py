@@ -39,7 +39,7 @@ PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
 SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption of sub-millisecond work)
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
-KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight")
+KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate")
 
 
 @dataclass
@@ -84,12 +84,14 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
 
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
-               targets: torch.Tensor, precision: str = "fp32") -> tuple[dict[str, Work], float]:
+               targets: torch.Tensor, precision: str = "fp32", grad_clip: float = 0.0) -> tuple[dict[str, Work], float]:
     """The forward, backward and update of a copy of ``stage`` on one microbatch, one copy of its
-    parameters (a stash or a shadow) and one element-wise pass ``w + d * u`` over them (a
-    prediction; the velocity's EMA and nesterov's step are passes of the same size), as
-    :class:`Work` for :func:`time_interleaved`, and the bytes of one microbatch's activation (sent
-    in fp32 whatever the precision)."""
+    parameters (a stash or a shadow), one element-wise pass ``w + d * u`` over them (a
+    prediction; the velocity's EMA and nesterov's step are passes of the same size) and one
+    ``acc += g`` of a gradient into an accumulator, as :class:`Work` for :func:`time_interleaved`,
+    and the bytes of one microbatch's activation (sent in fp32 whatever the precision). The update
+    is the executor's: the squared norm of the gradient (every update computes it: the global
+    norm's share), with ``grad_clip > 0`` the clipping multiply, then the optimizer's step."""
     st = copy.deepcopy(stage)
     opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())
@@ -104,6 +106,7 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     grad = None if st.last else torch.randn_like(fwd())
     inputs = params if st.first else [x, *params]
     velocity = [torch.zeros_like(p) for p in params]
+    acc = [torch.zeros_like(p) for p in params]
 
     def zero_grads():
         for p in params:
@@ -117,6 +120,14 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
             p.grad = None
         stage_backward_weight(iter(params), groups)
 
+    def update():
+        grads = [p.grad for p in params]
+        float(torch.stack([torch.linalg.vector_norm(g) for g in grads]).pow(2).sum())
+        if grad_clip > 0:  # the clipping multiply, charged always (it runs whenever the norm exceeds grad_clip)
+            for g in grads:
+                g.mul_(0.5)
+        opt.step(1.0)
+
     if st.first:  # no input gradient: the W is the whole backward
         input_work = Work(lambda: None)
         weight_work = Work(lambda y: torch.autograd.grad(y, params, grad, allow_unused=True), setup=fwd)
@@ -127,9 +138,10 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         "forward": Work(fwd),
         # the backward alone: each call differentiates a graph built (untimed) just before
         "backward": Work(lambda y: torch.autograd.grad(y, inputs, grad, allow_unused=True), setup=fwd),
-        "update": Work(lambda _: opt.step(1.0), setup=zero_grads),
+        "update": Work(lambda _: update(), setup=zero_grads),
         "copy": Work(lambda: [p.detach().clone() for p in params]),
         "predict": Work(lambda: [p.detach() + 2 * g for p, g in zip(params, velocity)]),
+        "accumulate": Work(lambda: [a.add_(g) for a, g in zip(acc, velocity)]),
         "input": input_work,
         "weight": weight_work,
     }
@@ -169,7 +181,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     targets: torch.Tensor, reps: int = 5, meta: dict | None = None,
                     timer: Callable[[], float] = time.perf_counter,
                     warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-                    precision: str = "fp32") -> CostProfile:
+                    precision: str = "fp32", grad_clip: float = 0.0) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`)."""
@@ -178,7 +190,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     try:
         work, act_bytes = {}, 0.0
         for s, stage in enumerate(stages):
-            w, b = stage_work(stage, make_optimizer, tokens, targets, precision)
+            w, b = stage_work(stage, make_optimizer, tokens, targets, precision, grad_clip)
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer)
@@ -195,7 +207,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
-                       input=times["input"], weight=times["weight"])
+                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"])
 
 def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                  targets: torch.Tensor, precision: str = "fp32") -> dict:
@@ -249,4 +261,4 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     memory = {k: [parts[d].memory[k][j] for d, j in at] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
-                       input=times["input"], weight=times["weight"])
+                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"])

@@ -50,4 +50,4 @@ def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor, **kw):
     worker its own stage's). ``kw``: :func:`measure_profile`'s ``warn``."""
     return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
                            reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])),
-                           precision=cfg.train.precision, **kw)
+                           precision=cfg.train.precision, grad_clip=cfg.optim.grad_clip, **kw)

@@ -94,6 +94,7 @@ from ..schedules import EVAL, SYNC, UPDATE, Action, Plan, StageProgram
 from ..schedules.choice import make_policy, microbatch_size, schedule_choice, virtual_stages
 from ..schedules.interleaved import CUT, DevicePicks
 from .. import checkpoint
+from .action_times import ActionTimes, warm_steps
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
 from .faults import inject_fault
 from .profile_meta import measure_stage_profile
@@ -261,6 +262,8 @@ class Worker:
         self.eval_s = 0.0  # seconds in evaluations
         self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
         self.save_s = 0.0  # seconds at checkpoint gates: writing this stage's part, waiting for the driver's
+        self.times = ActionTimes()  # per action kind, against the profile (summary.json's action_times)
+        self.warm = warm_steps(cfg.train.max_steps)
         self.t0 = 0.0
         self.start = spec["start"]  # the step this session starts at (a resumed run's checkpoint)
         self.part = spec["parts"][rank] if spec["parts"] else None  # this stage's part of that checkpoint
@@ -311,7 +314,7 @@ class Worker:
         dist.barrier()  # every message that someone still needs has been received
         self.status.set(FINISHED)
         # its peaks at its end, its final evaluation and checkpoint included (its last report came before them)
-        self.board.put(f"done/{self.rank}", {"steps": self.ex.live, **self._peaks()})
+        self.board.put(f"done/{self.rank}", {"steps": self.ex.live, "action_times": self.times.window() if self.device.type == "cpu" else None, **self._peaks()})
 
     def _loop(self) -> str:
         """Run the action list until the driver ends the run; returns its verdict."""
@@ -395,7 +398,7 @@ class Worker:
         return verdict
 
     def _execute(self, j: int, a: Action) -> None:
-        t0, w0 = time.perf_counter(), self.transport.wait_s
+        t0, w0, c0 = time.perf_counter(), self.transport.wait_s, time.thread_time()
         ex = self.exs[j]
         if a.kind == UPDATE and a.phase == SYNC:  # the worker's later chunks post their shares of the collectives first
             for k in range(j + 1, self.v):  # (their updates follow this one in the device's order)
@@ -404,7 +407,7 @@ class Worker:
                     self.exs[k].ready(nxt)
         if not ex.ready(a):  # a synchronous update runs its collectives here
             raise RuntimeError(f"stage {ex.s} (rank {self.rank}): {a} not ready on a blocking transport")
-        ex.run(a)
+        work = ex.run(a)
         dt = time.perf_counter() - t0
         if a.kind == EVAL:
             self.eval_s += dt
@@ -413,7 +416,10 @@ class Worker:
                 if self.reporter:
                     self.board.put(f"eval/{a.version}", losses)
         else:
-            self.busy += dt - (self.transport.wait_s - w0)
+            computing = dt - (self.transport.wait_s - w0)
+            self.busy += computing
+            self.times.add(ex.s, a.kind, computing, time.thread_time() - c0, work)
+            self.times.clocks["execute"] += dt
         if a.kind == UPDATE and self.v == 1:  # (with chunks the rank reports at its cut)
             self._report(a.step)
             if self.signal is not None:
@@ -584,6 +590,9 @@ class Worker:
             "chunks": [{"grad_sq": x.grad_sq, "lr_stage": x.lr_stage, **ex.ledger.report()} for x, ex in zip(stats, exs)],
             **self._peaks(),
         })
+        self.times.clocks["report"] += time.perf_counter() - self.t0 - end
+        self.times.mark(step, self.warm, {"wait_peer": self.transport.wait_s, "wait_driver": self.gate_s + self.plan.wait_s,
+                                          "eval": self.eval_s, "save": self.save_s})
 
     def _peaks(self) -> dict:
         """This process's peak resident memory so far and, on CUDA, its device's peak allocation (MB)."""

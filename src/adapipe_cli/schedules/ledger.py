@@ -21,8 +21,10 @@ Buffers of one stage, each the size of the stage's parameters unless said otherw
   what autograd saves for the backward).
 
 Work an action does besides its own kind: ``copy`` (one parameter-set copy), ``predict`` (one
-element-wise pass over the parameters: a prediction, the velocity's EMA, or nesterov's step) and
-``recompute`` (a forward run again inside the backward, ``weights=latest``).
+element-wise pass over the parameters: a prediction, the velocity's EMA, or nesterov's step),
+``recompute`` (a forward run again inside the backward, ``weights=latest``) and ``accumulate``
+(the microbatch's weight gradient added into its step's accumulator: every backward, or ``W``,
+of a step but the first, which becomes the accumulator).
 """
 
 from __future__ import annotations
@@ -127,6 +129,8 @@ class Ledger:
         if a.version != version:
             key = self.weights(a.version, a.phase, a.step, work)
             work["recompute"] = work.get("recompute", 0) + 1
+        if a.step in self.grads:  # (the step's first backward's gradient becomes its accumulator)
+            work["accumulate"] = work.get("accumulate", 0) + 1
         self.grads.add(a.step)
         return key
 

@@ -33,7 +33,7 @@ from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Ac
 
 
 ALLREDUCE = "A"  # a stage's gradient all-reduce across replicas, before its update (not a schedule action)
-EXTRA_WORK = ("copy", "predict")  # work an action may do besides its own kind (see schedules/ledger.py)
+EXTRA_WORK = ("copy", "predict", "accumulate")  # work an action may do besides its own kind (see schedules/ledger.py)
 
 
 @dataclass
@@ -41,7 +41,9 @@ class CostProfile:
     """Per-stage seconds of one microbatch's forward and backward, of one update, of one copy of
     the stage's parameters (``copy``: stashing, shadowing) and of one element-wise pass over them
     (``predict``: a weight prediction, the velocity's EMA, nesterov's step); the bytes of one
-    microbatch's activation sent to the next stage (its gradient has the same size); and per
+    microbatch's activation sent to the next stage (its gradient has the same size); of one
+    element-wise add of a microbatch's weight gradient into its step's accumulator
+    (``accumulate``: every backward of a step but its first does one); and per
     stage the bytes of one parameter set, of the optimizer state and of one microbatch's saved
     activations (``memory``, for the memory ledger). A recomputed forward (``weights=latest``)
     costs ``forward``. A backward split in two (zero-bubble schedules) costs ``input`` and
@@ -59,6 +61,7 @@ class CostProfile:
     input: list[float] = field(default_factory=list)
     weight: list[float] = field(default_factory=list)
     link: dict = field(default_factory=dict)  # measured by a dist run: latency_s, bandwidth (bytes/s)
+    accumulate: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = len(self.forward)
@@ -96,7 +99,7 @@ class CostProfile:
             return 0.0
         if work:
             c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
-                  + work.get("recompute", 0) * self.forward[stage])
+                  + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage])
         return c
 
     def stage_bytes(self, stage: int):
@@ -120,7 +123,7 @@ class CostProfile:
                              f"measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
                    d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []),
-                   d.get("link", {}))
+                   d.get("link", {}), d.get("accumulate", []))
 
 
 @dataclass

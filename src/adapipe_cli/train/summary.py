@@ -116,6 +116,7 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
         "predicted": {"sync_step_time": ctx.sync_step_time, "async_step_time": ctx.async_step_time,
                       "switch_time": ctx.switch_time},
         "memory": runtime.memory(),
+        "action_times": runtime.action_times(),  # (dist: the actions' seconds against the profile's)
         # (ru_maxrss is in KiB on Linux; the dist runtime's workers report theirs in memory)
         "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "stopped": state["stopped"], "completed": True,

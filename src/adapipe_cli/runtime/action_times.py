@@ -1,0 +1,128 @@
+"""Where a distributed run's time goes, per action kind, against what its cost profile charges.
+
+Each dist worker keeps an :class:`ActionTimes`: per (virtual) stage and kind of action (F, B, I,
+W, U) the actions run, their wall seconds computing (time blocked in the transport excluded, as
+in ``busy``), their main-thread CPU seconds and the extra work the ledger counted for them
+(copies, predictions, recomputed forwards, gradient accumulations); and per worker its clocks:
+wall, process CPU (every thread: gloo's too), main-thread CPU, and the seconds blocked on a
+neighbour, on the driver (gate and phases), in evaluations and checkpoints and in its reports.
+
+A worker takes a snapshot after its update of step ``warm - 1`` (:func:`warm_steps`: the first
+steps warm allocators and caches up) and after each later update; the driver turns the first and
+the last into ``summary.json``'s ``action_times`` (:func:`action_table`):
+
+    run_s      = wall computing / count              cpu_s = main-thread CPU / count
+    profiled_s = (count x profile.cost(s, kind) + the ledger's extra work at its profiled costs) / count
+
+and per worker, per step of the window: ``step_s`` (wall), ``wait_peer_s``, ``wait_driver_s``,
+``report_s``, ``between_s`` (wall outside actions, gates, reports, evaluations and checkpoints:
+the loop's own overhead) and ``other_threads_cpu_s`` (process CPU not on the main thread: the
+transport's threads). ``run_s / profiled_s`` is how far the run's actions are from the clock's.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+
+from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT
+from ..simulator.clock import CostProfile
+
+TIMED = (FORWARD, BACKWARD, INPUT, WEIGHT, UPDATE)  # the kinds the clock charges
+WORK = ("copy", "predict", "recompute", "accumulate")  # the ledger's extra work, in that order
+CLOCKS = ("wall", "cpu_process", "cpu_main", "wait_peer", "wait_driver", "eval", "save", "report", "execute")
+WARM = 5  # steps left out at the start (at most a quarter of the run)
+
+
+def warm_steps(max_steps: int) -> int:
+    """Steps before the window: ``min(5, max_steps // 4)``."""
+    return min(WARM, max_steps // 4)
+
+
+class ActionTimes:
+    """One worker's counters (see the module docstring). ``acts[(stage, kind)]`` is
+    ``[count, wall, cpu, copy, predict, recompute, accumulate]``; ``clocks`` the worker's
+    cumulative seconds of :data:`CLOCKS` other than the three read from the OS at a snapshot."""
+
+    def __init__(self):
+        self.acts: dict[tuple[int, str], list[float]] = {}
+        self.clocks = {k: 0.0 for k in ("report", "execute")}
+        self.start: dict | None = None  # the window's first snapshot
+        self.end: dict | None = None  # its latest
+
+    def add(self, stage: int, kind: str, wall: float, cpu: float, work: dict) -> None:
+        """One action of ``kind`` at ``stage``: ``wall`` seconds computing, ``cpu`` on the main thread."""
+        if kind not in TIMED:
+            return
+        row = self.acts.setdefault((stage, kind), [0.0] * (3 + len(WORK)))
+        row[0] += 1
+        row[1] += wall
+        row[2] += cpu
+        for i, k in enumerate(WORK):
+            row[3 + i] += work.get(k, 0)
+
+    def snapshot(self, step: int, waits: dict) -> dict:
+        """The counters now, after ``U(step)``; ``waits``: the worker's cumulative ``wait_peer``,
+        ``wait_driver``, ``eval`` and ``save`` seconds."""
+        return {"step": step, "wall": time.perf_counter(), "cpu_process": time.process_time(),
+                "cpu_main": time.thread_time(), **self.clocks, **waits,
+                "acts": {f"{s}/{k}": list(v) for (s, k), v in self.acts.items()}}
+
+    def mark(self, step: int, warm: int, waits: dict) -> None:
+        """After the worker's update of ``step``: the window starts at ``warm - 1`` (or at the
+        first step seen, a resumed run's) and ends at the latest."""
+        snap = self.snapshot(step, waits)
+        if self.start is None and step >= warm - 1:
+            self.start = snap
+        self.end = snap
+
+    def window(self) -> dict | None:
+        """{"steps", "clocks": per step, "acts": totals} between the first and the latest
+        snapshot, or None when the window holds no step."""
+        a, b = self.start, self.end
+        if a is None or b is None or b["step"] <= a["step"]:
+            return None
+        steps = b["step"] - a["step"]
+        acts = {}
+        for key, row in b["acts"].items():
+            before = a["acts"].get(key, [0.0] * len(row))
+            d = [x - y for x, y in zip(row, before)]
+            if d[0] > 0:
+                acts[key] = d
+        return {"steps": steps, "clocks": {k: (b[k] - a[k]) / steps for k in CLOCKS}, "acts": copy.deepcopy(acts)}
+
+
+def action_table(windows: list[dict | None], profile: CostProfile | None) -> dict | None:
+    """``summary.json``'s ``action_times`` from each rank's :meth:`ActionTimes.window` (rank
+    order) and the run's cost profile (see the module docstring); None without any window."""
+    if not any(windows):
+        return None
+    rows = []
+    for r, w in enumerate(windows):
+        for key, (n, wall, cpu, *work) in sorted((w or {}).get("acts", {}).items(),
+                                                 key=lambda kv: (int(kv[0].split("/")[0]), TIMED.index(kv[0].split("/")[1]))):
+            s, kind = int(key.split("/")[0]), key.split("/")[1]
+            row = {"rank": r, "stage": s, "kind": kind, "count": int(n), "run_s": wall / n, "cpu_s": cpu / n}
+            if profile is not None and s < profile.stages:
+                extra = dict(zip(WORK, work))
+                charged = n * profile.cost(s, kind) + profile.cost(s, kind, extra) - profile.cost(s, kind)
+                row["profiled_s"] = charged / n
+                row["ratio"] = row["run_s"] / row["profiled_s"] if row["profiled_s"] > 0 else None
+            row.update({k: v / n for k, v in zip(WORK, work) if v})  # extra work per action
+            rows.append(row)
+    ranks = []
+    for r, w in enumerate(windows):
+        if not w:
+            continue
+        c = w["clocks"]
+        between = c["wall"] - c["execute"] - c["wait_driver"] - c["report"] - c["eval"] - c["save"]
+        ranks.append({"rank": r, "steps": w["steps"], "step_s": c["wall"], "wait_peer_s": c["wait_peer"],
+                      "wait_driver_s": c["wait_driver"], "report_s": c["report"], "between_s": between,
+                      "cpu_main_s": c["cpu_main"], "other_threads_cpu_s": c["cpu_process"] - c["cpu_main"]})
+    return {"actions": rows, "ranks": ranks,
+            "method": "per step or per action over the steady steps (the first min(5, steps / 4) left out); run_s: wall "
+                      "computing, transport waits excluded; profiled_s: the profile's charge for the same actions and "
+                      "extra work"}
+
+
+__all__ = ["ActionTimes", "action_table", "warm_steps"]

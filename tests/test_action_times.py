@@ -1,0 +1,48 @@
+"""summary.json's action_times: a worker's counters over its window, against the profile's charge."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapipe_cli.runtime.action_times import ActionTimes, action_table, warm_steps
+from adapipe_cli.simulator.clock import CostProfile
+
+
+def test_warm_steps_leave_out_five_or_a_quarter():
+    assert [warm_steps(n) for n in (0, 3, 4, 12, 20, 100)] == [0, 0, 1, 3, 5, 5]
+
+
+def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
+    times = ActionTimes()
+    waits = {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0}
+    times.add(1, "F", 9.0, 9.0, {})  # before the window: left out
+    times.mark(0, 2, waits)  # step 0 < warm - 1: not the start
+    times.mark(1, 2, waits)  # the window starts after U(1)
+    for step in (2, 3):
+        times.add(1, "F", 0.5, 0.4, {"copy": 1})
+        times.add(1, "F", 0.7, 0.6, {})
+        times.add(1, "B", 1.2, 1.0, {"accumulate": 1})
+        times.add(1, "E", 5.0, 5.0, {})  # evaluations are not on the clock: not counted
+        times.clocks["execute"] += 2.5
+        times.mark(step, 2, {**waits, "wait_peer": 0.25 * step})
+    w = times.window()
+    assert w["steps"] == 2 and set(w["acts"]) == {"1/F", "1/B"}
+    assert w["acts"]["1/F"] == pytest.approx([4, 2.4, 2.0, 2, 0, 0, 0]) and w["acts"]["1/B"] == pytest.approx([2, 2.4, 2.0, 0, 0, 0, 2])
+    assert w["clocks"]["execute"] == pytest.approx(2.5) and w["clocks"]["wait_peer"] == pytest.approx(0.75 / 2)
+    prof = CostProfile([1.0, 0.3], [2.0, 0.8], [0.1, 0.2], copy=[0.0, 0.05], accumulate=[0.0, 0.02])
+    table = action_table([None, w], prof)
+    f, b = table["actions"]
+    assert (f["rank"], f["stage"], f["kind"], f["count"]) == (1, 1, "F", 4)
+    assert f["run_s"] == pytest.approx(0.6) and f["cpu_s"] == pytest.approx(0.5)
+    assert f["profiled_s"] == pytest.approx(0.3 + 0.05 / 2) and f["copy"] == 0.5  # half the forwards copied
+    assert f["ratio"] == pytest.approx(0.6 / 0.325)
+    assert b["kind"] == "B" and b["profiled_s"] == pytest.approx(0.8 + 0.02) and b["accumulate"] == 1
+    (r,) = table["ranks"]
+    assert r["rank"] == 1 and r["steps"] == 2 and r["wait_peer_s"] == pytest.approx(0.375)
+
+
+def test_no_window_no_table():
+    times = ActionTimes()
+    assert times.window() is None and action_table([None, None], None) is None
+    times.mark(4, 2, {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0})
+    assert times.window() is None  # one report: no step between

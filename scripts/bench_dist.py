@@ -75,10 +75,10 @@ def window(n: int) -> tuple[int, int]:
     return SKIP, n - 1 - SKIP
 
 
-def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float]:
+def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float, dict]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
     profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
-    parameter bytes over that link)."""
+    parameter bytes over that link; :func:`where_time_went` of its summary.json)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -93,7 +93,26 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     sim = simulate(schedule_choice(cfg).spec, plan, prof, link, record=False,
                    mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
     predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
-    return measured, predicted
+    return measured, predicted, where_time_went(json.loads((out / "summary.json").read_text())["action_times"])
+
+
+def where_time_went(table: dict | None) -> dict:
+    """From a run's ``action_times``: per action kind, the run's seconds over the profile's charge
+    for the same actions (all stages: sum n run_s / sum n profiled_s); ``cpu``: their main-thread CPU
+    over their wall time (below 1: the worker was preempted while computing); ``loop``: the share
+    of a step that the workers spend outside actions, transport waits included (gates, phases,
+    reports, the loop itself; mean over the ranks)."""
+    if not table:
+        return {}
+    out, rows = {}, table["actions"]
+    for kind in ("F", "B", "I", "W", "U"):
+        mine = [r for r in rows if r["kind"] == kind and r.get("profiled_s")]
+        if mine:
+            out[kind] = sum(r["count"] * r["run_s"] for r in mine) / sum(r["count"] * r["profiled_s"] for r in mine)
+    out["cpu"] = sum(r["count"] * r["cpu_s"] for r in rows) / max(1e-12, sum(r["count"] * r["run_s"] for r in rows))
+    ranks = table["ranks"]
+    out["loop"] = sum((r["between_s"] + r["report_s"] + r["wait_driver_s"]) / r["step_s"] for r in ranks) / len(ranks)
+    return out
 
 
 def peak_rss(out: Path) -> dict:
@@ -327,9 +346,16 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 rows.append((f"p={p}: {schedule} step, torch {TORCH[schedule]} (ms)", fmt([1e3 * t for t in torch_t]),
                              "best / median"))
             rs = runs[(p, schedule)]
-            rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), ""))
-            rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile"))
-            rows.append((f"p={p}: {schedule} measured / simulated", fmt([m / s for m, s in rs]), "goal within 5%"))
+            rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
+            rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
+            rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))
+            went = [r[2] for r in rs if len(r) > 2 and r[2]]  # (a bench.json from before action_times has none)
+            if went:
+                med = lambda k: statistics.median(w[k] for w in went)  # noqa: E731
+                kinds = [k for k in ("F", "B", "I", "W", "U") if all(k in w for w in went)]
+                rows.append((f"p={p}: {schedule} in-run / profiled", " ".join(f"{k} {med(k):.2f}" for k in kinds),
+                             f"per action, median of repeats; CPU / wall {med('cpu'):.2f}; "
+                             f"outside actions {100 * med('loop'):.1f}% of a step"))
             if memory and memory.get((p, schedule)):
                 rows.append((f"p={p}: {schedule} peak RSS (MB)", rss_row(memory[(p, schedule)]),
                              "median of repeats; workers by rank"))
@@ -342,9 +368,9 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             for r in replicas:
                 rs = runs[(p, replica_key(schedule, r))]
                 name = f"p={p} R={r}: {schedule}"
-                rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * m for m, _ in rs]), f"{r * p} workers"))
-                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * s for _, s in rs]), "its own profile, all_gather on its link"))
-                rows.append((f"{name} measured / simulated", fmt([m / s for m, s in rs]), "goal within 15%"))
+                rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * x[0] for x in rs]), f"{r * p} workers"))
+                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * x[1] for x in rs]), "its own profile, all_gather on its link"))
+                rows.append((f"{name} measured / simulated", fmt([x[0] / x[1] for x in rs]), "goal within 15%"))
                 pairs = list(zip(rs, one))
                 rows.append((f"{name} step / R=1 step", fmt([a[0] / b[0] for a, b in pairs]),
                              f"{len(pairs)} paired repeats; {r}x the batch: ideal 1.0 plus the all-reduce"))

@@ -91,6 +91,8 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
             assert rows[(s, "B")]["accumulate"] == (micro - 1) / micro
             assert rows[(s, "B")]["profiled_s"] == pytest.approx(prof["backward"][s] + (micro - 1) / micro * prof["accumulate"][s])
             assert rows[(s, "U")]["profiled_s"] == pytest.approx(prof["update"][s])
+            ends = s in (0, stages - 1)  # (the first stage makes each step's batch for its inputs, the last for its targets)
+            assert rows[(s, "F")]["profiled_s"] == pytest.approx(prof["forward"][s] + ends * prof["data"][s] / micro)
     assert [r["rank"] for r in at["ranks"]] == list(range(stages)) and all(r["steps"] == window for r in at["ranks"])
     assert all(r["step_s"] > r["wait_peer_s"] >= 0 and r["other_threads_cpu_s"] >= 0 for r in at["ranks"])
 

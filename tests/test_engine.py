@@ -233,18 +233,19 @@ def test_pipeline_clock_charges_copies_predictions_and_recomputes(weights, mitig
 
 
 @pytest.mark.parametrize("sync,weights", [("1f1b", "stash"), ("zbh1", "stash"), ("1f1b", "latest")])
-def test_pipeline_clock_charges_gradient_accumulation(sync, weights):
+def test_pipeline_clock_charges_gradient_accumulation_and_the_batch(sync, weights):
     """Every backward (W of a split one) but the first of a step adds its gradient into the step's
-    accumulator: with a non-zero ``accumulate`` cost the local clock still equals the simulator,
-    and the busy time grows by exactly (m - 1) x steps x accumulate[s] per stage (hand count)."""
+    accumulator, and the first and the last stage make each step's batch: with non-zero
+    ``accumulate`` and ``data`` costs the local clock still equals the simulator, and the busy time
+    grows by exactly steps x ((m - 1) accumulate[s] + data[s] on the two end stages) (hand count)."""
     from adapipe_cli.schedules import Plan, ScheduleSpec
     from adapipe_cli.simulator.clock import CostProfile
     from adapipe_cli.simulator.simulate import simulate
 
     phases = [SYNC, SYNC, SYNC] if sync == "zbh1" else [SYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC]
     p, m = 3, 3
-    acc = [0.031, 0.037, 0.041]
-    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.07, 0.11, 0.13], accumulate=acc)
+    acc, data = [0.031, 0.037, 0.041], [0.43, 0.47, 0.53]
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.07, 0.11, 0.13], accumulate=acc, data=data)
     free = CostProfile(prof.forward, prof.backward, prof.update, copy=prof.copy)
     rt = local_runtime(p, m, phases, make_data(len(phases)), sync=sync, weights=weights, profile=prof)
     times = [rt.run_step(t).time_s for t in range(len(phases))]
@@ -253,7 +254,8 @@ def test_pipeline_clock_charges_gradient_accumulation(sync, weights):
     assert times == pytest.approx(sim.update_end, rel=1e-12)
     base = simulate(spec, plan, free)
     busy = [u * sim.makespan - v * base.makespan for u, v in zip(sim.utilization, base.utilization)]
-    assert busy == pytest.approx([(m - 1) * len(phases) * a for a in acc], rel=1e-9)
+    ends = [1.0, 0.0, 1.0]  # the first stage reads the inputs, the last the targets
+    assert busy == pytest.approx([len(phases) * ((m - 1) * a + e * d) for a, d, e in zip(acc, data, ends)], rel=1e-9)
     assert sim.makespan > base.makespan
 
 

@@ -118,12 +118,12 @@ def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, ma
     cfg = make_cfg("pipeline.stages=2")
     stages, _ = make_stages(cfg, model_config(cfg, 64))
     x = torch.randint(0, 64, (2, 16))
-    p, per = 2, 16  # per round: stage 0's F, B, U, copy, predict, I, W, accumulate, then stage 1's
+    p, per = 2, 18  # per round: stage 0's F, B, U, copy, predict, I, W, accumulate, data, then stage 1's
     rounds = 1 if "1-round" in inflate else 3
-    base = {0: 1e-3, 1: 2e-3, 2: 5e-4, 3: 1e-4, 4: 5e-5, 5: 9e-4, 6: 1.1e-3, 7: 3e-5}  # (the update slowed 40x: 19.5 ms more)
+    base = {0: 1e-3, 1: 2e-3, 2: 5e-4, 3: 1e-4, 4: 5e-5, 5: 9e-4, 6: 1.1e-3, 7: 3e-5, 8: 7e-4}  # (the update slowed 40x: 19.5 ms more)
 
     def durations(i):
-        kind, stage = (i % per) % 8, (i % per) // 8
+        kind, stage = (i % per) % 9, (i % per) // 9
         r = i // per - 1  # -1: the warm-up
         slow = stage == 1 and kind == 2 and (r == 4 if inflate == "one round" else r >= rounds)
         return base[kind] * (40 if slow else 1)
@@ -136,7 +136,7 @@ def test_the_profile_warns_once_when_a_pass_of_one_kind_was_inflated(inflate, ma
     assert prof.update == approx([5e-4] * p)
     assert prof.copy == approx([1e-4] * p) and prof.predict == approx([5e-5] * p)
     assert prof.input == approx([9e-4] * p) and prof.weight == approx([1.1e-3] * p)
-    assert prof.accumulate == approx([3e-5] * p)
+    assert prof.accumulate == approx([3e-5] * p) and prof.data == [0.0] * p  # (no data source given: free)
     if inflate == "one round":
         assert lines == [] and prof.meta["spread"]["update"] == approx([0.0, 0.0], abs=1e-3)
     elif rounds == 1:  # no quiet minimum to compare with: recorded, not warned about
@@ -159,8 +159,8 @@ def test_adapipe_profile_writes_a_profile_that_runs_share(tmp_path, capsys):
     assert prof.stages == 2 and all(t > 0 for t in prof.forward + prof.backward + prof.update)
     assert {k: prof.meta[k] for k in ("model", "stages", "microbatch_size", "seq_len")} == \
         {"model": "gpt-nano", "stages": 2, "microbatch_size": 4, "seq_len": 16}
-    assert set(prof.meta["spread"]) == {"forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate"}
-    assert all(t > 0 for t in prof.copy + prof.predict + prof.accumulate) and prof.memory["params"][0] > 0
+    assert set(prof.meta["spread"]) == {"forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate", "data"}
+    assert all(t > 0 for t in prof.copy + prof.predict + prof.accumulate + prof.data) and prof.memory["params"][0] > 0
     for seed in (0, 1):  # two runs on the one clock: the file's numbers, not their own
         run = tmp_path / f"run{seed}"
         assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=2", f"seed={seed}",

@@ -3,7 +3,7 @@
 Each dist worker keeps an :class:`ActionTimes`: per (virtual) stage and kind of action (F, B, I,
 W, U) the actions run, their wall seconds computing (time blocked in the transport excluded, as
 in ``busy``), their main-thread CPU seconds and the extra work the ledger counted for them
-(copies, predictions, recomputed forwards, gradient accumulations); and per worker its clocks:
+(copies, predictions, recomputed forwards, gradient accumulations, batches made); and per worker its clocks:
 wall, process CPU (every thread: gloo's too), main-thread CPU, and the seconds blocked on a
 neighbour, on the driver (gate and phases), in evaluations and checkpoints and in its reports.
 
@@ -29,7 +29,7 @@ from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT
 from ..simulator.clock import CostProfile
 
 TIMED = (FORWARD, BACKWARD, INPUT, WEIGHT, UPDATE)  # the kinds the clock charges
-WORK = ("copy", "predict", "recompute", "accumulate")  # the ledger's extra work, in that order
+WORK = ("copy", "predict", "recompute", "accumulate", "data")  # the ledger's extra work, in that order
 CLOCKS = ("wall", "cpu_process", "cpu_main", "wait_peer", "wait_driver", "eval", "save", "report", "execute")
 WARM = 5  # steps left out at the start (at most a quarter of the run)
 
@@ -41,7 +41,7 @@ def warm_steps(max_steps: int) -> int:
 
 class ActionTimes:
     """One worker's counters (see the module docstring). ``acts[(stage, kind)]`` is
-    ``[count, wall, cpu, copy, predict, recompute, accumulate]``; ``clocks`` the worker's
+    ``[count, wall, cpu, copy, predict, recompute, accumulate, data]``; ``clocks`` the worker's
     cumulative seconds of :data:`CLOCKS` other than the three read from the OS at a snapshot."""
 
     def __init__(self):

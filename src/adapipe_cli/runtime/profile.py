@@ -39,7 +39,7 @@ PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
 SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption of sub-millisecond work)
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
-KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate")
+KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate", "data")
 
 
 @dataclass
@@ -181,16 +181,20 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     targets: torch.Tensor, reps: int = 5, meta: dict | None = None,
                     timer: Callable[[], float] = time.perf_counter,
                     warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-                    precision: str = "fp32", grad_clip: float = 0.0) -> CostProfile:
+                    precision: str = "fp32", grad_clip: float = 0.0,
+                    make_batch: Callable[[int], object] | None = None) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
-    an unsteady measurement is reported with ``warn`` (:func:`unsteady`)."""
+    an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
+    data source's batch of step ``t`` (each call a step not made before), timed as every stage's
+    ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
         work, act_bytes = {}, 0.0
         for s, stage in enumerate(stages):
             w, b = stage_work(stage, make_optimizer, tokens, targets, precision, grad_clip)
+            w["data"] = Work(lambda: None) if make_batch is None else Work(_fresh_batches(make_batch))
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer)
@@ -198,6 +202,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     finally:
         torch.random.set_rng_state(state)
     times = {kind: [t[(s, kind)][0] for s in range(len(stages))] for kind in KINDS}
+    if make_batch is None:
+        times["data"] = [0.0] * len(stages)
     spread = {kind: [round(t[(s, kind)][1], 4) for s in range(len(stages))] for kind in KINDS}
     line = unsteady(spread, times) if reps >= MIN_ROUNDS else None
     if line:
@@ -207,7 +213,15 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
-                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"])
+                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
+                       data=times["data"])
+
+
+def _fresh_batches(make_batch: Callable[[int], object]) -> Callable[[], object]:
+    """``make_batch`` of steps 10^6, 10^6 + 1, ...: each timed call makes a batch not made before."""
+    steps = iter(range(10**6, 10**7))
+    return lambda: make_batch(next(steps))
+
 
 def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
                  targets: torch.Tensor, precision: str = "fp32") -> dict:
@@ -261,4 +275,5 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     memory = {k: [parts[d].memory[k][j] for d, j in at] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
-                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"])
+                       input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
+                       data=times["data"])

@@ -129,7 +129,7 @@ class StageExecutor:
             raise ValueError("a sync update without a barrier can neither clip by the global norm nor sum tied embeddings")
         mit = set(getattr(policy, "mitigations", ()))
         self.ledger = Ledger(index, predict="predict" in mit, keep_before=bool(mit & {"predict", "nesterov"}),
-                             nbytes=nbytes or StageBytes())
+                             nbytes=nbytes or StageBytes(), reads_data=self.first or self.last, microbatches=microbatches)
         self.copies: dict[int, list[torch.Tensor]] = {}  # version -> frozen copy of its weights
         self.predicted: dict[tuple, list[torch.Tensor]] = {}  # (version, d, live) -> predicted weights
         self.inflight: dict[int, InFlight] = {}

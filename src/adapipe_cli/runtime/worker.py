@@ -271,7 +271,7 @@ class Worker:
         self.keep = spec.get("snapshots_kept", 0)
         if spec.get("measure") and self.reporter:  # the cost profile of this stage, measured here, on this device
             x, y = batch(0, 0)
-            prof = measure_stage_profile(cfg, modules, x, y, warn=lambda line: None)
+            prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None)
             prof.meta["device"] = str(device)
             board.put(f"profile/{rank}", asdict(prof))
 

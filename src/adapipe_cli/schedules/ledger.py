@@ -24,7 +24,9 @@ Work an action does besides its own kind: ``copy`` (one parameter-set copy), ``p
 element-wise pass over the parameters: a prediction, the velocity's EMA, or nesterov's step),
 ``recompute`` (a forward run again inside the backward, ``weights=latest``) and ``accumulate``
 (the microbatch's weight gradient added into its step's accumulator: every backward, or ``W``,
-of a step but the first, which becomes the accumulator).
+of a step but the first, which becomes the accumulator) and ``data`` (the step's batch made, at
+the first forward of each step on the stages that read it: the first, its inputs, and the last,
+its targets).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Ledger:
     predict: bool = False  # schedule.mitigation has predict
     keep_before: bool = False  # predict or nesterov: the update keeps a copy of the weights before it
     nbytes: StageBytes = field(default_factory=StageBytes)
+    reads_data: bool = False  # the first or the last stage: makes each step's batch
+    microbatches: int = 1  # per step (microbatch mb is the step's mb % microbatches-th)
     live: int = 0
     copies: set = field(default_factory=set)  # versions with a frozen copy
     predicted: set = field(default_factory=set)  # (version, d, live) of predicted weight sets
@@ -112,6 +116,8 @@ class Ledger:
 
     # -- actions -----------------------------------------------------------------------------
     def forward(self, a: Action, work: dict) -> tuple:
+        if self.reads_data and a.mb % self.microbatches == 0:  # (forwards run in microbatch order)
+            work["data"] = work.get("data", 0) + 1
         key = self.weights(a.version, a.phase, a.step, work)
         self.inflight[a.mb] = (a.version, key)
         self.uses[a.version] = self.uses.get(a.version, 0) + 1

@@ -33,7 +33,7 @@ from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Ac
 
 
 ALLREDUCE = "A"  # a stage's gradient all-reduce across replicas, before its update (not a schedule action)
-EXTRA_WORK = ("copy", "predict", "accumulate")  # work an action may do besides its own kind (see schedules/ledger.py)
+EXTRA_WORK = ("copy", "predict", "accumulate", "data")  # work an action may do besides its own kind (see schedules/ledger.py)
 
 
 @dataclass
@@ -43,7 +43,8 @@ class CostProfile:
     (``predict``: a weight prediction, the velocity's EMA, nesterov's step); the bytes of one
     microbatch's activation sent to the next stage (its gradient has the same size); of one
     element-wise add of a microbatch's weight gradient into its step's accumulator
-    (``accumulate``: every backward of a step but its first does one); and per
+    (``accumulate``: every backward of a step but its first does one); of making one step's batch
+    (``data``: the first and the last stage each make it, at their first forward of the step); and per
     stage the bytes of one parameter set, of the optimizer state and of one microbatch's saved
     activations (``memory``, for the memory ledger). A recomputed forward (``weights=latest``)
     costs ``forward``. A backward split in two (zero-bubble schedules) costs ``input`` and
@@ -62,6 +63,7 @@ class CostProfile:
     weight: list[float] = field(default_factory=list)
     link: dict = field(default_factory=dict)  # measured by a dist run: latency_s, bandwidth (bytes/s)
     accumulate: list[float] = field(default_factory=list)
+    data: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         p = len(self.forward)
@@ -99,7 +101,8 @@ class CostProfile:
             return 0.0
         if work:
             c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
-                  + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage])
+                  + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage]
+                  + work.get("data", 0) * self.data[stage])
         return c
 
     def stage_bytes(self, stage: int):
@@ -123,7 +126,7 @@ class CostProfile:
                              f"measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
                    d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []),
-                   d.get("link", {}), d.get("accumulate", []))
+                   d.get("link", {}), d.get("accumulate", []), d.get("data", []))
 
 
 @dataclass

@@ -37,7 +37,8 @@ class Replay:
         self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
                                    [spec.device_of(s) for s in range(p)], allreduce=allreduce)
         self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
-                               nbytes=profile.stage_bytes(s)) for s in range(p)]
+                               nbytes=profile.stage_bytes(s), reads_data=s in (0, p - 1),
+                               microbatches=spec.microbatches) for s in range(p)]
         self.updated = [-1] * p  # last step each stage has updated
         self.arrived: dict[int, set[int]] = {}  # step -> stages at its synchronous update
         self.f_done: set[tuple[int, int]] = set()  # (stage, mb) forwarded, not yet taken by the next stage

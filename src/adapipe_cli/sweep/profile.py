@@ -38,7 +38,7 @@ def measure_depth_profile(cfg, path: Path) -> CostProfile:
     stages, _ = make_stages(cfg, model_config(cfg, data.vocab_size), device=device)
     micro = microbatch_size(cfg)  # (a replica's microbatch)
     x, y = Batches(data, micro, 1, device=device)(0, 0)
-    profile = measure_stage_profile(cfg, stages, x, y)
+    profile = measure_stage_profile(cfg, stages, x, y, data)
     path.parent.mkdir(parents=True, exist_ok=True)
     profile.save(path)
     return profile

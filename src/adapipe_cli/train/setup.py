@@ -137,7 +137,7 @@ class RunSetup:
         # R x m microbatches per step; replica r's are shares r*m .. r*m + m - 1 (runtime/replicas.py)
         self.batches = Batches(self.data, t.batch_size, p.microbatches * p.replicas, device=self.device)
         given = self._given_profile()
-        self.profile = self._use_profile(given or measure_stage_profile(cfg, self.stages, *self.batches(0, 0)))
+        self.profile = self._use_profile(given or measure_stage_profile(cfg, self.stages, *self.batches(0, 0), self.data))
         self.link = LinkModel.choose(p.link_latency_s, p.link_bandwidth, self.profile)  # (a dist run's, if given)
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         policy = make_policy(cfg, self.plan)

@@ -83,8 +83,16 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
     # after the last update) against what the profile charges for them
     at, window = ds["action_times"], ds["steps"] - warm_steps(ds["steps"])
     rows = {(r["stage"], r["kind"]): r for r in at["actions"]}
-    assert {k for _, k in rows} == {"F", "B", "U"} and {s for s, _ in rows} == set(range(n))
+    assert {"F", "U"} <= {k for _, k in rows} <= {"F", "B", "I", "W", "U"} and {s for s, _ in rows} == set(range(n))
     assert all(r["run_s"] > 0 and r["cpu_s"] > 0 and r["profiled_s"] > 0 for r in rows.values())
+    costs = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "U": "update"}
+    for (s, k), r in rows.items():  # the charge: the kind's cost and the extra work the ledger counted, at the profile's costs
+        extra = sum(r.get(w, 0) * prof["forward" if w == "recompute" else w][s] for w in ("copy", "predict", "recompute", "accumulate", "data"))
+        assert r["profiled_s"] == pytest.approx(prof[costs[k]][s] + extra)
+    for s in range(n):  # every backward (or W) but a step's first accumulates; the end stages make each step's batch
+        grads = [rows[(s, k)] for k in "BW" if (s, k) in rows]
+        assert 0 < sum(r["count"] * r.get("accumulate", 0) for r in grads) < sum(r["count"] for r in grads)
+        assert ("data" in rows[(s, "F")]) == (s in (0, n - 1))
     if schedule == "1f1b":  # flushed steps: the window's actions exactly; every backward but a step's first accumulates
         for s in range(stages):
             assert [rows[(s, k)]["count"] for k in "FBU"] == [window * micro, window * micro, window]

@@ -1,4 +1,5 @@
-"""Muon's Newton-Schulz iteration in a dtype that is fast on the device, against torch.optim.Muon."""
+"""Muon's Newton-Schulz iteration in a dtype that is fast on the device, against torch.optim.Muon;
+the learning rates whose first step overflows float32."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, _zeropower_via_newtonschulz
 
 from adapipe_cli import optim
-from adapipe_cli.optim import Muon, StageOptimizer, ns_dtype, zeropower_newton_schulz
+from adapipe_cli.optim import Muon, StageOptimizer, ns_dtype, overflowing_lr, zeropower_newton_schulz
 from helpers import optim_cfg
 
 COEF = (DEFAULT_A, DEFAULT_B, DEFAULT_C)
@@ -84,3 +85,19 @@ def test_optim_muon_iterates_in_fp32_on_such_a_cpu(monkeypatch):
     layer(torch.randn(4, 8)).sum().backward()
     opt.step(1.0)
     assert seen == [torch.float32]
+
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+
+
+@pytest.mark.parametrize("name", ["adamw", "nadamw", "muon"])
+def test_a_first_step_beyond_float32_is_found_at_each_optimizers_closed_form(name):
+    """AdamW's first step is lr / (1 - beta1) (beta1 = 0.9: 10 lr), NAdamW's lr (its look-ahead
+    moment is corrected by 1 - beta1^2), Muon's muon_lr sqrt(rows/cols) (an MLP's up projection:
+    2 muon_lr); just below each bound no key, just above it the key of that rate."""
+    key, bound = {"adamw": ("lr", FLOAT32_MAX * (1 - 0.9)), "nadamw": ("lr", FLOAT32_MAX),
+                  "muon": ("muon_lr", FLOAT32_MAX / 2)}[name]
+    assert overflowing_lr(optim_cfg(name=name, **{key: 0.9 * bound})) is None
+    assert overflowing_lr(optim_cfg(name=name, **{key: 1.1 * bound})) == f"optim.{key}"
+    quarter = optim_cfg(name=name, **{key: 0.9 * bound / 4})  # times the largest scale a step uses
+    assert overflowing_lr(quarter, scale=4) is None and overflowing_lr(quarter, scale=5) == f"optim.{key}"

@@ -114,6 +114,9 @@ BAD = [
     (["train.batch_size=10", "pipeline.microbatches=4"], "not divisible"),
     (["optim.lr=0"], "optim.lr must be positive"),
     (["optim.lr=-1e-3"], "optim.lr must be positive"),
+    (["optim.lr=1e39"], "optim.lr=1e+39 is too large: the optimizer's first step overflows float32; lower optim.lr"),
+    (["optim=muon", "optim.muon_lr=1e39"], "optim.muon_lr=1e+39 is too large"),
+    (["optim.lr=1e37", "schedule.async_lr_scale=100"], "optim.lr=1e+37 is too large: the optimizer's first step (times 100"),
     (["train.max_steps=0"], "train.max_steps must be positive"),
     (["train.target_ppl=1"], "target_ppl must be greater than 1"),
     (["schedule.name=zigzag"], "unknown schedule 'zigzag'"),
@@ -150,6 +153,16 @@ def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()  # rejected before anything is written
+
+
+def test_a_huge_learning_rate_within_float32_diverges_in_one_line(capsys, tmp_path):
+    """optim.lr=1e30: the first step fits float32, the loss after it does not; the run says so in
+    one line, exit 1, and keeps what it wrote (it ran)."""
+    assert main(["train", *TINY, "optim.lr=1e30", "pipeline.stages=2", "train.max_steps=3",
+                 f"hydra.run.dir={tmp_path / 'run'}"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("adapipe: error: training diverged at step 1") and "lower optim.lr" in err[-1], err
+    assert not any("Traceback" in line for line in err) and (tmp_path / "run" / "metrics.jsonl").is_file()
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "tiny", "smaller than a microbatch"])

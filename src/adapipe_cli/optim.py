@@ -135,6 +135,28 @@ class Muon(torch.optim.Muon):
         return loss
 
 
+def overflowing_lr(cfg, scale: float = 1.0) -> str | None:
+    """The key, ``optim.lr`` or ``optim.muon_lr``, whose rate times ``scale`` makes a first update
+    overflow float32, else None. The first step is the largest: Adam's is ``lr / (1 - beta1)``
+    (bias correction), Muon's ``lr sqrt(max(1, rows/cols))``; tried on a zero 4x1 block matrix
+    (the largest ratio, an MLP's up projection) and a zero bias with unit gradients."""
+    named = [("blocks.0.fc.weight", nn.Parameter(torch.zeros(4, 1))), ("blocks.0.fc.bias", nn.Parameter(torch.zeros(4)))]
+    opt = StageOptimizer(named, cfg)
+    for _, p in named:
+        p.grad = torch.ones_like(p)
+    for o in opt.optimizers:
+        for g in o.param_groups:
+            g["lr"] = g["base_lr"] * scale
+        try:
+            o.step()
+            finite = all(bool(torch.isfinite(p).all()) for g in o.param_groups for p in g["params"])
+        except RuntimeError:  # torch: "value cannot be converted to type float without overflow"
+            finite = False
+        if not finite:
+            return "optim.muon_lr" if isinstance(o, Muon) else "optim.lr"
+    return None
+
+
 def is_hidden_matrix(name: str, p: torch.Tensor) -> bool:
     """Muon's parameters: the 2-D weights of the blocks (not embeddings, head, norms, biases)."""
     return p.dim() == 2 and ".blocks." in f".{name}" and "embed" not in name and "head" not in name

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 from ..adaptive.fixed import parse_plan
+from ..optim import overflowing_lr
 from ..runtime.device import PRECISIONS, DeviceError, resolve_device
 from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
@@ -75,6 +76,20 @@ def validate(cfg) -> None:
     except DeviceError as e:
         raise ConfigError(str(e)) from None
     _check_schedule(cfg)
+    _check_step_size(cfg)
+
+
+def _check_step_size(cfg) -> None:
+    """A learning rate whose first update overflows float32 (e.g. optim.lr=1e39) is refused here,
+    in one line, rather than as torch's overflow error inside the first step."""
+    s = cfg.schedule
+    scale = max(1.0, s.async_lr_scale * max(1.0, s.transition_lr_scale))  # the largest multiple of the rate a step uses
+    key = overflowing_lr(cfg.optim, scale)
+    if key is not None:
+        value = cfg.optim[key.split(".")[1]]
+        times = f" (times {scale:g}: schedule.async_lr_scale x schedule.transition_lr_scale)" if scale > 1 else ""
+        raise ConfigError(f"{key}={value:g} is too large: the optimizer's first step{times} overflows float32; "
+                          f"lower {key}")
 
 
 def _check_chunks(cfg) -> None:

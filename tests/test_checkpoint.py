@@ -288,3 +288,21 @@ def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
     assert checkpoint.config_differences(old, now) == []
     now["heuristic"]["drift"] = 0.1
     assert checkpoint.config_differences(old, now) == ["heuristic.drift=None in the checkpoint, 0.1 now"]
+
+
+def test_a_profile_measured_before_the_later_entries_keeps_its_fingerprint():
+    """A profile with accumulate and data all zero (measured before they existed) hashes as the
+    fields it had then did (written out here as the old rule); non-zero, they count."""
+    import hashlib
+    import json
+    from dataclasses import asdict
+
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.train import fingerprint
+
+    prof = CostProfile.uniform(2, 1e-3, 2e-3, 1e-4, act_bytes=4096.0)
+    old = {k: v for k, v in asdict(prof).items() if k not in ("meta", "link", "accumulate", "data")}
+    assert all(x == 0 for x in prof.accumulate) and all(x == 0 for x in prof.data)
+    assert fingerprint.profile_fingerprint(prof) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    prof.accumulate = [1e-5, 1e-5]
+    assert fingerprint.profile_fingerprint(prof) != hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()

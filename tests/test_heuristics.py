@@ -203,12 +203,23 @@ def test_sync_warmup_runs_sync_before_any_async_step(name):
     h = heuristic(name, start="async", sync_warmup=100)
     phases = [h.decide(u).phase for u in range(142)]
     assert phases[:100] == ["sync"] * 100 and phases[100:] == ["async"] * 42
-    if name != "gain":  # gain's first probe is priced, never before that step
+    if name != "gain":  # gain's first probe is priced, never before that step, from a belief dated then
         assert h.next_probe == 142 and h.decide(142).phase == "sync"
     else:
-        assert h.next_probe >= 142
+        assert h.next_probe >= 142 and h.belief_step == 142
     # start=sync: no settling, the first probe a window after the warm-up
-    assert heuristic(name, start="sync", sync_warmup=100).next_probe >= 130
+    h = heuristic(name, start="sync", sync_warmup=100)
+    assert h.next_probe >= 130 if name == "gain" else h.next_probe == 130
+    if name == "gain":
+        assert h.belief_step == 130
+    # the warm-up's end survives a resume, also of a state saved before it existed
+    h2 = heuristic(name, start="sync", sync_warmup=100)
+    h2.load_state_dict(h.state_dict())
+    assert h2.sync_until == 100
+    state = h.state_dict()
+    del state["sync_until"]
+    h2.load_state_dict(state)
+    assert h2.sync_until == 0
 
 
 def test_sync_warmup_follows_the_optimizer_by_default():

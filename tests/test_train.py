@@ -130,6 +130,12 @@ BAD = [
     (["heuristic.start=soon"], "heuristic.start='soon'"),
     (["heuristic=gain", "heuristic.drift=-0.1"], "heuristic.drift=-0.1: give a spread >= 0"),
     (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
+    (["optim.beta1=1.5"], "optim.beta1=1.5: give a value in [0, 1)"),
+    (["optim.eps=-1"], "optim.eps=-1: give a value >= 0"),
+    (["optim=muon", "optim.muon_momentum=-1"], "optim.muon_momentum=-1: give a value >= 0"),
+    (["optim.weight_decay=1e45"], "optim.lr x optim.weight_decay = 0.001 x 1e+45 >= 1"),
+    (["optim.lr=10"], "optim.lr x optim.weight_decay = 10 x 0.1 >= 1"),
+    (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1: give a value >= 0"),
     (["schedule=1f1b", "schedule.chunks=2"], "schedule.chunks=2 needs schedule=interleaved"),
     (["schedule=interleaved", "pipeline.stages=2", "pipeline.microbatches=1"], "multiple of pipeline.stages=2"),
     (["schedule=interleaved", "pipeline.stages=4", "pipeline.microbatches=4"], "8 chunks is more than the 4 blocks"),
@@ -156,9 +162,10 @@ def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
 
 
 def test_a_huge_learning_rate_within_float32_diverges_in_one_line(capsys, tmp_path):
-    """optim.lr=1e30: the first step fits float32, the loss after it does not; the run says so in
-    one line, exit 1, and keeps what it wrote (it ran)."""
-    assert main(["train", *TINY, "optim.lr=1e30", "pipeline.stages=2", "train.max_steps=3",
+    """optim.lr=1e30 (no weight decay: lr x weight_decay >= 1 is refused up front): the first step
+    fits float32, the loss after it does not; the run says so in one line, exit 1, and keeps what
+    it wrote (it ran)."""
+    assert main(["train", *TINY, "optim.lr=1e30", "optim.weight_decay=0", "pipeline.stages=2", "train.max_steps=3",
                  f"hydra.run.dir={tmp_path / 'run'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("adapipe: error: training diverged at step 1") and "lower optim.lr" in err[-1], err

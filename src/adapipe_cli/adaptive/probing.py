@@ -191,6 +191,7 @@ class Prober(Heuristic):
 
     def state_dict(self) -> dict:
         return {"current": self.current, "mode": self.mode, "interval": self.interval, "next_probe": self.next_probe,
+                "sync_until": self.sync_until,
                 "last_winner": self.last_winner, "verdicts": self.verdicts,
                 "probe_start": self.probe_start, "history": [o.__dict__ for o in self.history],
                 "last_estimates": self.last_estimates}
@@ -198,6 +199,7 @@ class Prober(Heuristic):
     def load_state_dict(self, state: dict) -> None:
         self.current, self.mode, self.interval = state["current"], state["mode"], state["interval"]
         self.next_probe, self.probe_start = state["next_probe"], state["probe_start"]
+        self.sync_until = state.get("sync_until", 0)  # a state saved before the warm-up existed had none
         self.last_winner = state.get("last_winner")
         self.verdicts = state.get("verdicts", 0)
         self.history.clear()

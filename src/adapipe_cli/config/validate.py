@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from omegaconf import OmegaConf
+
 from ..adaptive.fixed import parse_plan
 from ..optim import overflowing_lr
 from ..runtime.device import PRECISIONS, DeviceError, resolve_device
@@ -82,14 +84,26 @@ def validate(cfg) -> None:
 def _check_step_size(cfg) -> None:
     """A learning rate whose first update overflows float32 (e.g. optim.lr=1e39) is refused here,
     in one line, rather than as torch's overflow error inside the first step."""
+    o = cfg.optim
+    for key in ("beta1", "beta2"):
+        _need(0 <= o[key] < 1, f"optim.{key}={o[key]:g}: give a value in [0, 1)")
+    _need(o.eps >= 0, f"optim.eps={o.eps:g}: give a value >= 0")
+    _need(o.muon_momentum >= 0, f"optim.muon_momentum={o.muon_momentum:g}: give a value >= 0")
+    _need(o.weight_decay >= 0, f"optim.weight_decay={o.weight_decay:g}: give a value >= 0")
     s = cfg.schedule
     scale = max(1.0, s.async_lr_scale * max(1.0, s.transition_lr_scale))  # the largest multiple of the rate a step uses
-    key = overflowing_lr(cfg.optim, scale)
-    if key is not None:
-        value = cfg.optim[key.split(".")[1]]
-        times = f" (times {scale:g}: schedule.async_lr_scale x schedule.transition_lr_scale)" if scale > 1 else ""
-        raise ConfigError(f"{key}={value:g} is too large: the optimizer's first step{times} overflows float32; "
-                          f"lower {key}")
+    times = f" (times {scale:g}: schedule.async_lr_scale x schedule.transition_lr_scale)" if scale > 1 else ""
+    # the rates alone first (no weight decay), so that a huge decay is not blamed on the rate
+    bare = OmegaConf.merge(o, {"weight_decay": 0.0})
+    for optim in (bare, o):
+        key = overflowing_lr(optim, scale)
+        if key is not None:
+            value = cfg.optim[key.split(".")[1]]
+            raise ConfigError(f"{key}={value:g} is too large: the optimizer's first step{times} overflows float32; "
+                              f"lower {key}")
+        _need(o.lr * scale * o.weight_decay < 1,
+              f"optim.lr x optim.weight_decay = {o.lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
+              f"weights by 1 - lr x weight_decay <= 0; lower optim.lr or optim.weight_decay")
 
 
 def _check_chunks(cfg) -> None:

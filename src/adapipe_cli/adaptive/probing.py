@@ -54,7 +54,7 @@ class Prober(Heuristic):
         self.interval = cfg.probe_every
         self.sync_until = self.sync_warmup()
         # a start in async after the sync warm-up first settles (its switch's transient), then fills a window
-        settled = self.sync_until + (self.settle[self.current] if self.sync_until and self.current == ASYNC else 0)
+        settled = self.sync_until + (self.settle[ASYNC] if self.sync_until and self.current == ASYNC else 0)
         self.next_probe = max(ctx.lr_warmup, settled) + cfg.window
         self.probe_start = -1
         self.last_winner: str | None = None  # the previous clear verdict

@@ -82,8 +82,9 @@ def validate(cfg) -> None:
 
 
 def _check_step_size(cfg) -> None:
-    """A learning rate whose first update overflows float32 (e.g. optim.lr=1e39) is refused here,
-    in one line, rather than as torch's overflow error inside the first step."""
+    """The optimizer's arguments in range, and a first update that stays finite and keeps the
+    weights' sign: a learning rate whose first step overflows float32 (e.g. optim.lr=1e39), or
+    lr x weight_decay >= 1, is refused here in one line rather than inside the first step."""
     o = cfg.optim
     for key in ("beta1", "beta2"):
         _need(0 <= o[key] < 1, f"optim.{key}={o[key]:g}: give a value in [0, 1)")
@@ -93,17 +94,19 @@ def _check_step_size(cfg) -> None:
     s = cfg.schedule
     scale = max(1.0, s.async_lr_scale * max(1.0, s.transition_lr_scale))  # the largest multiple of the rate a step uses
     times = f" (times {scale:g}: schedule.async_lr_scale x schedule.transition_lr_scale)" if scale > 1 else ""
-    # the rates alone first (no weight decay), so that a huge decay is not blamed on the rate
-    bare = OmegaConf.merge(o, {"weight_decay": 0.0})
-    for optim in (bare, o):
+
+    def finite_first_step(optim) -> None:
         key = overflowing_lr(optim, scale)
         if key is not None:
-            value = cfg.optim[key.split(".")[1]]
-            raise ConfigError(f"{key}={value:g} is too large: the optimizer's first step{times} overflows float32; "
-                              f"lower {key}")
-        _need(o.lr * scale * o.weight_decay < 1,
-              f"optim.lr x optim.weight_decay = {o.lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
-              f"weights by 1 - lr x weight_decay <= 0; lower optim.lr or optim.weight_decay")
+            raise ConfigError(f"{key}={cfg.optim[key.split('.')[1]]:g} is too large: the optimizer's first step{times} "
+                              f"overflows float32; lower {key}")
+
+    # the rates alone first (no weight decay), so that a huge decay is not blamed on the rate
+    finite_first_step(OmegaConf.merge(o, {"weight_decay": 0.0}))
+    _need(o.lr * scale * o.weight_decay < 1,
+          f"optim.lr x optim.weight_decay = {o.lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
+          f"weights by 1 - lr x weight_decay <= 0; lower optim.lr or optim.weight_decay")
+    finite_first_step(o)
 
 
 def _check_chunks(cfg) -> None:

@@ -23,7 +23,7 @@ from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
-         "cpu-adamw": (2, 2, 5, 3), "cpu-muon": (2, 1, 5, 3), "gpu1": (2, 2, 3, 1)}
+         "cpu-adamw": (2, 1, 5, 3), "cpu-muon": (2, 1, 5, 3), "gpu1": (2, 2, 3, 1)}
 
 
 @pytest.mark.parametrize("name", list(GRIDS))

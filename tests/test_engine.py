@@ -232,6 +232,39 @@ def test_pipeline_clock_charges_copies_predictions_and_recomputes(weights, mitig
         assert busy == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize("sync", ["1f1b", "zbh1"])
+@pytest.mark.parametrize("mitigation", [["predict"], ["predict", "nesterov"]])
+def test_sync_steps_with_mitigations_are_the_plain_sync_schedule(sync, mitigation):
+    """The mitigations act in async only: a plan of sync steps with them on (AdaPipe's sync
+    warm-up) has exactly the plain sync schedule's losses, weights, clock and peak memory, on the
+    local runtime and in the simulator, with copies and predictions far from free; and it leaves
+    no velocity or previous step for an async phase to inherit."""
+    from adapipe_cli.schedules import Plan, ScheduleSpec
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.simulator.simulate import simulate
+    from helpers import sched_cfg
+
+    p, m, phases = 3, 2, [SYNC] * 4
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.7, 1.1, 1.3], predict=[0.17, 0.19, 0.23])
+    data = make_data(len(phases))
+    plain = local_runtime(p, m, phases, data, sync=sync, profile=prof)
+    mitigated = local_runtime(p, m, phases, data, sync=sync, profile=prof,
+                              scfg=sched_cfg(mitigation=mitigation, predict_beta=0.5, nesterov_gamma=0.7))
+    a = [plain.run_step(t) for t in range(len(phases))]
+    b = [mitigated.run_step(t) for t in range(len(phases))]
+    assert [r.loss for r in b] == [r.loss for r in a]
+    assert [r.time_s for r in b] == [r.time_s for r in a]
+    for x, y in zip(plain.executors, mitigated.executors):
+        assert all(torch.equal(u, v) for u, v in zip(x.params, y.params))
+        assert x.ledger.report() == y.ledger.report()  # (no pre-update copy counted either)
+    policy = mitigated.executors[0].policy
+    assert policy.velocity == {} and policy.previous_step == {}
+    spec, plan = ScheduleSpec(p, m, sync), Plan(len(phases), phases)
+    sim = simulate(spec, plan, prof, mitigations=mitigation)
+    assert sim.update_end == simulate(spec, plan, prof).update_end
+    assert [r.time_s for r in a] == pytest.approx(sim.update_end, rel=1e-12)
+
+
 @pytest.mark.parametrize("sync,weights", [("1f1b", "stash"), ("zbh1", "stash"), ("1f1b", "latest")])
 def test_pipeline_clock_charges_gradient_accumulation_and_the_batch(sync, weights):
     """Every backward (W of a split one) but the first of a step adds its gradient into the step's

@@ -4,7 +4,7 @@ every action.
 
 Per stage ``s`` of ``p``, ``m`` microbatches per step, ``w = p - s - 1`` warm-up forwards, sizes
 P (one parameter set), A (one microbatch's saved activations) and O (optimizer state), counted
-at action boundaries (and, with predict or nesterov, during the update that keeps a copy of the
+at action boundaries (and, with predict or nesterov, during an async update, which keeps a copy of the
 weights before it):
 
 - GPipe: one parameter set and one gradient accumulator, m activations; the gradient exists only
@@ -165,3 +165,23 @@ def test_flushed_steps_copy_nothing_whatever_the_async_rule(weights):
     charged = simulate(ScheduleSpec(4, 3, "1f1b", weights), plan, prof, record=False)
     free = simulate(ScheduleSpec(4, 3, "1f1b", weights), plan, CostProfile.uniform(4), record=False)
     assert charged.makespan == free.makespan
+
+
+@pytest.mark.parametrize("mitigation", [["predict"], ["nesterov"], ["predict", "nesterov"]])
+def test_only_an_async_update_pays_for_the_mitigations(mitigation):
+    """Hand count of an update's extra work: an async one copies the weights before it (one
+    ``copy``) and makes one element-wise pass per mitigation (the velocity's EMA, nesterov's step);
+    a sync one does neither and forgets the velocity, so an async forward after it is not
+    predicted (it computes with a copy of its version)."""
+    from adapipe_cli.schedules import UPDATE, Action
+    from adapipe_cli.schedules.ledger import Ledger
+
+    led = Ledger(0, predict="predict" in mitigation, keep_before=True)
+    work = led.run(Action(UPDATE, -1, 0, 0, ASYNC), 1, False, set(mitigation))
+    assert work == {"copy": 1, "predict": len(mitigation)}
+    assert led.velocity == ("predict" in mitigation)
+    assert led.run(Action(UPDATE, -1, 1, 1, SYNC), 2, False, set(mitigation)) == {}
+    assert not led.velocity and led.peak.param_sets == 2  # (the async update's transient copy only)
+    assert led.run(Action("F", 8, 4, 2, ASYNC), 2, False, set(mitigation)) == {"copy": 1}  # (a shadow, d = 2)
+    assert led.inflight[8] == (2, ("copy", 2))
+

@@ -45,9 +45,12 @@ class DelayedLoop:
     from its saved input at that version. After each step every stage applies its summed gradient
     with AdamW, then
     - ``lr_reschedule`` (async): lr * (1 + d) ** -(1 - min(k / K, 1)), d the step's mean forward delay;
-    - ``nesterov`` (async): W(t+1) = W(t) + gamma (W(t) - W(t-1)) + (1 - gamma) D(t);
+    - ``nesterov`` (async): W(t+1) = W(t) + gamma (W(t) - W(t-1)) + (1 - gamma) D(t), with no
+      gamma term when update t - 1 was sync (or there was none);
     - ``predict``: a forward of version v in step t > v uses W(v) + (t - v) u, u the velocity after
-      the stage's updates so far: u = W(1) - W(0), then u = beta u + (1 - beta) (W(n) - W(n-1)).
+      the stage's updates so far, made of async updates only: a sync update leaves none, the next
+      async update n sets u = W(n) - W(n-1), each async update after it u = beta u + (1 - beta)
+      (W(n) - W(n-1)); with no velocity the forward uses W(v).
     """
 
     def __init__(self, p, m, plan, rule, mitigation=(), beta=0.0, gamma=0.5, resched_steps=3, gcfg=GCFG, table=None):
@@ -60,8 +63,8 @@ class DelayedLoop:
         self.opts = [torch.optim.AdamW(w, lr=LR, betas=BETAS, eps=EPS, weight_decay=0.0, foreach=True)
                      for w in self.live]
         self.versions = [[[q.detach().clone() for q in w]] for w in self.live]  # versions[s][v]
-        self.velocity = [dict() for _ in range(p)]  # velocity[s][n]: after n updates
-        self.previous = [None] * p  # W(t) - W(t-1), for nesterov
+        self.velocity = [dict() for _ in range(p)]  # velocity[s][n]: after n updates (none after a sync one)
+        self.previous = [None] * p  # W(t) - W(t-1) of an async update t, for nesterov
         # table[s][j] = (forward v, backward v, updates)
         self.table = table if table is not None else microbatch_versions(p, m, plan, rule)
 
@@ -122,10 +125,13 @@ class DelayedLoop:
                     ahead = 0 if self.previous[s] is None else self.gamma * self.previous[s][n]
                     q.copy_(w0 + ((1 - self.gamma) * (q - w0) + ahead))
             delta = [q.detach() - w0 for q, w0 in zip(w, before)]
-        self.previous[s] = delta
         n = len(self.versions[s])  # updates made, this one included
-        u = self.velocity[s].get(n - 1)
-        self.velocity[s][n] = delta if u is None else [self.beta * a + (1 - self.beta) * d for a, d in zip(u, delta)]
+        if phase == "async":
+            self.previous[s] = delta
+            u = self.velocity[s].get(n - 1)  # (none when update n - 1 was sync)
+            self.velocity[s][n] = delta if u is None else [self.beta * a + (1 - self.beta) * d for a, d in zip(u, delta)]
+        else:  # nothing of a sync update is kept for async's look-ahead or prediction
+            self.previous[s] = None
         self.versions[s].append([q.detach().clone() for q in w])
 
     def step(self, t, x, y) -> float:

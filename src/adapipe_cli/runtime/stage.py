@@ -470,7 +470,7 @@ class StageExecutor:
             p.grad = g
         delay = sum(st.delays) / max(1, len(st.delays))
         lr_scale, beta1 = self.policy.update_scale(self.s, a.step, a.phase, delay)
-        before = self.policy.before_update(self)
+        before = self.policy.before_update(self, a.phase)
         self.opt.step(lr_scale, beta1)
         self.policy.after_update(self, before, a.phase, delay)
         st.lr_stage = self.opt.current_lr()

@@ -16,7 +16,8 @@ Buffers of one stage, each the size of the stage's parameters unless said otherw
   live version ``l`` (``schedule.mitigation=[predict]``);
 - ``grad t``: the gradient accumulator of step ``t``, from its first backward to its update (with a
   split backward, from its first ``W``: an ``I`` keeps its microbatch's activations for the ``W``);
-- during an update with ``predict`` or ``nesterov``, a copy of the weights before it (transient);
+- during an async update with ``predict`` or ``nesterov``, a copy of the weights before it
+  (transient; a sync update keeps none and forgets the velocity);
 - optimizer state (constant) and the activations of in-flight microbatches (``act_bytes`` each:
   what autograd saves for the backward).
 
@@ -82,7 +83,7 @@ class Ledger:
     uses: dict = field(default_factory=dict)  # version -> in-flight microbatches of that version
     pred_uses: dict = field(default_factory=dict)  # prediction key -> in-flight microbatches using it
     grads: set = field(default_factory=set)  # steps with a gradient accumulator
-    velocity: bool = False  # predict: a velocity exists (after the stage's first update)
+    velocity: bool = False  # predict: a velocity exists (the stage's last update was async)
     peak: Peak = field(default_factory=Peak)
 
     # -- which buffer an action computes with ----------------------------------------------
@@ -145,15 +146,17 @@ class Ledger:
         if needed and self.live not in self.copies:
             self.copies.add(self.live)
             work["copy"] = work.get("copy", 0) + 1
-        if self.keep_before:  # the pre-update copy exists while the optimizer steps
+        asynchronous = a.phase == ASYNC
+        if self.keep_before and asynchronous:  # the pre-update copy exists while the optimizer steps
             work["copy"] = work.get("copy", 0) + 1
             self._measure(extra_params=1)
         self.grads.discard(a.step)
-        if "nesterov" in mitigations and a.phase == ASYNC:
+        if "nesterov" in mitigations and asynchronous:
             work["predict"] = work.get("predict", 0) + 1
-        if self.predict:
+        if self.predict and asynchronous:
             work["predict"] = work.get("predict", 0) + 1  # the velocity's EMA
-            self.velocity = True
+        # (a sync update forgets the velocity: each async phase rebuilds it, see mitigations.py)
+        self.velocity = self.predict and asynchronous
         self.live += 1
 
     def needed(self, version: int, floor: int) -> bool:

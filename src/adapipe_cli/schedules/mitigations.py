@@ -12,14 +12,19 @@ staleness mitigations (``schedule.mitigation=[...]``, composable).
   PipeMare T2). A forward whose gradient will be applied ``d`` steps later uses the extrapolated
   weights ``W_v + d * u``, where ``u`` is the stage's update velocity, an EMA of its recent updates
   ``u <- beta u + (1 - beta) (W_{v} - W_{v-1})`` with ``beta = schedule.predict_beta``; its
-  backward differentiates at the same predicted weights.
+  backward differentiates at the same predicted weights. Only async updates feed the velocity: a
+  sync phase predicts nothing, so a sync update keeps no pre-update copy and forgets the velocity.
+  Each async phase (the first included) starts without one: the stage's first async update sets
+  ``u = W_v - W_{v-1}``, and the stage's forwards before that update use unpredicted weights.
 - ``nesterov``: a Nesterov-style look-ahead for delayed gradients in the optimizer's momentum,
   after Ajanthan et al., "Nesterov Method for Asynchronous Pipeline Parallel Optimization"
   (ICML 2025), who add a weight-space look-ahead on top of the base optimizer so that the momentum
   carries the parameters ahead of the stale gradient. Here an async update with base step
   ``D_t`` becomes ``W_{t+1} = W_t + gamma (W_t - W_{t-1}) + (1 - gamma) D_t`` with
   ``gamma = schedule.nesterov_gamma``; the ``(1 - gamma)`` keeps the effective step size of the
-  base optimizer (our normalisation; the paper folds it into the learning rate).
+  base optimizer (our normalisation; the paper folds it into the learning rate). Like the
+  velocity, ``W_t - W_{t-1}`` is kept from async updates only: the first async update after a
+  sync one (or the run's first) has no look-ahead term.
 
 Async knobs (issue "async that pays"): ``schedule.async_lr_scale`` multiplies the learning rate of
 every async update; after every switch from sync into async, ``schedule.transition_steps`` steps
@@ -49,6 +54,7 @@ class UpdatePolicy:
         unknown = self.mitigations - set(MITIGATIONS)
         if unknown:
             raise ValueError(f"unknown mitigation {sorted(unknown)[0]!r}: use {', '.join(MITIGATIONS)}")
+        # (both from async updates only: a sync update forgets them, see the module docstring)
         self.velocity: dict[int, list[torch.Tensor]] = {}  # stage -> update velocity (predict)
         self.previous_step: dict[int, list[torch.Tensor]] = {}  # stage -> W_t - W_{t-1} (nesterov)
 
@@ -107,13 +113,19 @@ class UpdatePolicy:
         return [(w.detach() + d * v).requires_grad_(True) for w, v in zip(base, u)]
 
     # -- around an update --------------------------------------------------------------------
-    def before_update(self, ex) -> list[torch.Tensor] | None:
-        if self.mitigations & {"predict", "nesterov"}:
+    def before_update(self, ex, phase: str) -> list[torch.Tensor] | None:
+        """The weights before an async update, for the velocity and nesterov (a sync update needs
+        none: nothing in a sync phase is predicted or looked ahead)."""
+        if phase == ASYNC and self.mitigations & {"predict", "nesterov"}:
             return [p.detach().clone() for p in ex.params]
         return None
 
     @torch.no_grad()
     def after_update(self, ex, before: list[torch.Tensor] | None, phase: str, delay: float) -> None:
+        if phase == SYNC:  # forgotten: the next async phase rebuilds them from its own updates
+            self.velocity.pop(ex.s, None)
+            self.previous_step.pop(ex.s, None)
+            return
         if before is None:
             return
         if "nesterov" in self.mitigations and phase == ASYNC:

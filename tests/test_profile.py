@@ -207,3 +207,65 @@ def test_microsecond_jitter_does_not_hide_a_slow_forwards_spread():
     line = unsteady(spread, times)
     assert line is not None and "stage 1's forward took 1.5x" in line
     assert unsteady({"copy": [10.0]}, {"copy": [2e-6]}) is None
+
+
+def test_dist_workers_time_each_stage_beside_its_peers_and_the_prediction_uses_it(make_cfg):
+    """Two workers (threads) measure their stages as a dist run's do: from a barrier, each going on
+    computing until both are done (worker.all_measured). A timed call costs twice its alone cost
+    while the other worker computes. Worker 0 times 1 round per pass, worker 1 (slowed a little
+    in real time, so worker 0 is done long before) 3: every one of worker 1's rounds still sees
+    worker 0 computing, so both profiles hold the together costs, and the simulator's 1F1B step
+    from the joined profile is (m + p - 1)(F + B) at those costs, twice the alone one's."""
+    import threading
+    import time as clock
+
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+    from adapipe_cli.runtime.dist_transport import Board
+    from adapipe_cli.runtime.profile import join_profiles, measure_profile
+    from adapipe_cli.runtime.worker import all_measured
+    from adapipe_cli.schedules import SYNC, Plan, ScheduleSpec
+    from adapipe_cli.simulator.simulate import simulate
+
+    cfg = make_cfg("pipeline.stages=2")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    alone = [1e-3, 2e-3, 5e-4, 1e-4, 5e-5, 9e-4, 1.1e-3, 3e-5, 7e-4]  # F, B, U, copy, predict, I, W, accumulate, data
+    busy = [False, False]  # worker r computes (from the barrier until its measurement returns)
+    start, parts = threading.Barrier(2), [None, None]
+    server = Board("127.0.0.1", 0, "test", server=True)
+
+    def worker(r: int, rounds: int) -> None:
+        state = {"i": 0, "t": 0.0, "start": True}
+
+        def timer():  # the i-th timed call lasts its kind's cost, doubled while the other worker computes
+            if state["start"]:
+                state["start"] = False
+                return state["t"]
+            if r == 1:
+                clock.sleep(0.002)
+            state["t"] += alone[state["i"] % 9] * (2 if busy[1 - r] else 1)
+            state["i"] += 1
+            state["start"] = True
+            return state["t"]
+
+        busy[r] = True
+        start.wait()
+        parts[r] = measure_profile([stages[r]], lambda named: StageOptimizer(named, cfg.optim), x, x, reps=rounds,
+                                   timer=timer, until=all_measured(server.client(), 2))
+        busy[r] = False
+
+    threads = [threading.Thread(target=worker, args=(r, n)) for r, n in ((0, 1), (1, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    prof = join_profiles(parts)
+    approx = pytest.approx
+    assert prof.forward == approx([2e-3] * 2) and prof.backward == approx([4e-3] * 2)  # together: twice alone
+    assert prof.update == approx([1e-3] * 2) and prof.weight == approx([2.2e-3] * 2)
+    p, m = 2, 4
+    prof.update, prof.data, prof.accumulate = [0.0] * p, [0.0] * p, [0.0] * p  # the closed form's step: F and B only
+    spec = ScheduleSpec(p, m, "1f1b", "stash")
+    step = simulate(spec, Plan(3, [SYNC] * 3), prof, record=False).step_time
+    assert step == approx((m + p - 1) * (2e-3 + 4e-3))

@@ -61,14 +61,18 @@ class Work:
 
 
 def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes: int = PASSES,
-                     timer: Callable[[], float] = time.perf_counter) -> dict[Hashable, tuple[float, float]]:
+                     timer: Callable[[], float] = time.perf_counter,
+                     until: Callable[[], bool] | None = None) -> dict[Hashable, tuple[float, float]]:
     """Per name: (min seconds, spread). After one untimed warm-up call of each, ``passes`` x
     ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
     U, ...). With t[p][r] the time of round r of pass p:
 
         time = min_{p,r} t[p][r],    spread = max_p m_p / min_p m_p - 1,  m_p = min_r t[p][r]
 
-    ``work`` values are zero-argument callables or :class:`Work` (with an untimed setup)."""
+    ``work`` values are zero-argument callables or :class:`Work` (with an untimed setup).
+    ``until``: after the timed rounds, the work goes on, untimed, a round at a time, until
+    ``until()`` is true (a dist worker whose peers still measure: their rounds must see it
+    computing, as they will in the run)."""
     items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
     for w in items.values():
         w(timer)  # warm-up: allocator, caches, lazy initialisation
@@ -80,6 +84,9 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
                 best[name] = min(best[name], w(timer))
         for name in items:
             minima[name].append(best[name])
+    while until is not None and not until():
+        for w in items.values():
+            w(timer)
     return {name: (min(m), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0) for name, m in minima.items()}
 
 
@@ -182,12 +189,14 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     timer: Callable[[], float] = time.perf_counter,
                     warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
                     precision: str = "fp32", grad_clip: float = 0.0,
-                    make_batch: Callable[[int], object] | None = None) -> CostProfile:
+                    make_batch: Callable[[int], object] | None = None,
+                    until: Callable[[], bool] | None = None) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
     data source's batch of step ``t`` (each call a step not made before), timed as every stage's
-    ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing."""
+    ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing.
+    ``until``: :func:`time_interleaved`'s (keep computing, untimed, until the peers are done)."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
@@ -197,7 +206,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             w["data"] = Work(lambda: None) if make_batch is None else Work(_fresh_batches(make_batch))
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
-        t = time_interleaved(work, reps, timer=timer)
+        t = time_interleaved(work, reps, timer=timer, until=until)
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
     finally:
         torch.random.set_rng_state(state)

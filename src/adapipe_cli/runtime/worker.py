@@ -46,7 +46,9 @@ stage runs ``S(t + 1)``, the forward of the held-out batch with the new weights,
 evaluation channel (``S(v)`` follows ``U(v - 1)`` and precedes ``E(v)`` at every stage, so both
 ends of the channel see one order); the last stage puts its loss on the board (``signal/{v}``).
 Without ``pipeline.profile`` each worker measures its own stage's cost profile before it reports
-ready (``profile/{rank}``), on its own device.
+ready (``profile/{rank}``), on its own device, all workers at once: they start at a barrier and
+each keeps computing until the last is done (:func:`all_measured`), so that the profile times
+each stage beside its peers computing, as it runs.
 
 The divergence guard: the gate is its cut too. The verdict ``snap`` keeps this stage's state
 (as a checkpoint part, in memory) before ``go``; ``back`` rolls back to a kept one: the driver
@@ -185,6 +187,22 @@ class EvalOrder:
         return a
 
 
+def all_measured(board: Board, n: int) -> Callable[[], bool]:
+    """The ``until`` of a worker's start-up profile (:func:`.profile.time_interleaved`): its first
+    call counts this worker's timed rounds done (``profiled`` on the board), and it is true once
+    all ``n`` workers' are; until then the worker keeps computing, so that no peer's timed round
+    runs beside an idle worker (two stages computing at once run slower than one alone: shared
+    caches, memory bandwidth, cores), which the run never does in its steady state."""
+    counted = []
+
+    def until() -> bool:
+        if not counted:
+            counted.append(board.add("profiled", 1))
+        return board.add("profiled", 0) >= n
+
+    return until
+
+
 class Worker:
     """Rank ``rank`` of the run described by ``spec`` (see :class:`..dist.DistRuntime`): stage
     ``s`` of replica ``r``, ``rank = r * p + s`` (:func:`.replicas.where`; ``r = 0`` without
@@ -269,11 +287,15 @@ class Worker:
         self.part = spec["parts"][rank] if spec["parts"] else None  # this stage's part of that checkpoint
         self.snapshots: dict[int, dict] = {}  # steps -> this stage's state at the gate of U(steps) (the guard's)
         self.keep = spec.get("snapshots_kept", 0)
-        if spec.get("measure") and self.reporter:  # the cost profile of this stage, measured here, on this device
+        if spec.get("measure"):  # the cost profile of this stage, measured here, on this device, beside its peers
             x, y = batch(0, 0)
-            prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None)
+            dist.barrier()  # every worker (of every replica) starts measuring at once, as all compute in the run
+            prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None,
+                                         until=all_measured(board, dist.get_world_size()))
             prof.meta["device"] = str(device)
-            board.put(f"profile/{rank}", asdict(prof))
+            prof.meta["method"] += ", every worker measuring at once"
+            if self.reporter:
+                board.put(f"profile/{rank}", asdict(prof))
 
     @property
     def ex(self) -> StageExecutor:

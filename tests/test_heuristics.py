@@ -223,13 +223,21 @@ def test_sync_warmup_runs_sync_before_any_async_step(name):
 
 
 def test_sync_warmup_follows_the_optimizer_by_default():
-    """null: 300 steps with the Adam family, 0 with Muon; an explicit value wins."""
-    def warmup(optimizer, **kw):
+    """null: 100 max(3, (p - 1) / m) steps with the Adam family, 0 with Muon; an explicit value wins."""
+    def warmup(optimizer, stages=4, microbatches=2, **kw):
         h = heuristic("goodput", **kw)
         h.ctx.extra["optimizer"] = optimizer
+        h.ctx.stages, h.ctx.microbatches = stages, microbatches
         return h.sync_warmup()
     assert warmup("adamw", sync_warmup=None) == 300 and warmup("adam", sync_warmup=None) == 300
     assert warmup("muon", sync_warmup=None) == 0 and warmup("muon", sync_warmup=40) == 40
+    # the delay d = (p - 1) / m: 300 up to d = 3, then 100 steps per step of delay
+    assert warmup("adamw", stages=4, microbatches=1, sync_warmup=None) == 300
+    assert warmup("adamw", stages=8, microbatches=1, sync_warmup=None) == 700
+    assert warmup("adamw", stages=6, microbatches=1, sync_warmup=None) == 500
+    assert warmup("adamw", stages=8, microbatches=2, sync_warmup=None) == 350
+    assert warmup("adamw", stages=8, microbatches=1, sync_warmup=0) == 0
+    assert warmup("muon", stages=8, microbatches=1, sync_warmup=None) == 0
 
 
 def test_fixed_plan():

@@ -72,20 +72,26 @@ class Prober(Heuristic):
         return ASYNC if r * self.prior_efficiency() > 1.0 else SYNC
 
     def sync_warmup(self) -> int:
-        """``heuristic.sync_warmup``, or by default 300 steps with the Adam family and 0 with Muon.
+        """``heuristic.sync_warmup``, or by default ``100 max(3, d)`` steps with the Adam family, d =
+        (p - 1) / m the mean gradient delay of async in steps (300 up to depth 4 with one
+        microbatch, 700 at depth 8), and 0 with Muon.
 
         Measured (AdamW, gpt-micro on tinyshakespeare, depth 4 and 8 with one microbatch of 4, seed
         7, not a grid seed): one probe of async, 40 steps at depth 4 (56 at 8) from step 50, leaves
         the run 120 steps behind sync at perplexity 211 and 170 behind at 150 (depth 8: 230 steps
         behind at 212.9), far more than the probe's own steps; the same 40 steps from step 300 or 600
         leave it 20 and 10 steps behind at perplexity 120, about what the probe's slower progress
-        accounts for. At depth 8, 56 steps from step 300 still leave it 150 steps behind at
-        perplexity 150 (about 40 of them the probe's slower steps): there 300 is too short, and
-        no longer warm-up was measured. With Muon async led from the start in every cell of the cpu grid, and its
-        early damage is not measured: no warm-up."""
+        accounts for. At depth 8 (d = 7), 56 steps from step 300 still leave it 150 steps behind at
+        perplexity 150 and it never catches up in 900 steps; from step 700 it is 40 steps behind at
+        perplexity 120 and level at 105 (step 1210 both, and ahead on the clock): the damage lasts
+        while the delay is long against the steps trained, so the warm-up grows with d. Below d = 3
+        it is not measured and stays 300. With Muon async led from the start in every cell of the cpu
+        grid, and its early damage is not measured: no warm-up."""
         if self.cfg.get("sync_warmup") is not None:
             return int(self.cfg.sync_warmup)
-        return 0 if self.ctx.extra.get("optimizer") == "muon" else 300
+        if self.ctx.extra.get("optimizer") == "muon":
+            return 0
+        return round(100 * max(3.0, (self.ctx.stages - 1) / self.ctx.microbatches))
 
     def prior_efficiency(self) -> float:
         """``heuristic.prior_efficiency``, or by default E = 1 / (1 + k d): d = (p - 1) / m, the

@@ -22,8 +22,9 @@ from conftest import TINY
     (["schedule=pipedream", "schedule.weights=latest", "schedule.mitigation=[lr_reschedule]"],
      "pipedream-latest+lr_reschedule"),
     (["schedule=2bw", "schedule.mitigation=[predict,nesterov]"], "2bw+predict+nesterov"),
-    ([], "adapipe-goodput(1f1b/pipedream+predict)"),  # the default run keeps prediction on, and says so
-    (["heuristic=rate", "schedule.mitigation=[]"], "adapipe-rate(1f1b/pipedream)"),
+    ([], "adapipe-goodput(zbh1/pipedream+predict)"),  # the default run keeps prediction on, and says so
+    (["heuristic=rate", "schedule.mitigation=[]"], "adapipe-rate(zbh1/pipedream)"),
+    (["schedule.sync=1f1b"], "adapipe-goodput(1f1b/pipedream+predict)"),
     (["schedule.async=2bw", "schedule.sync=gpipe"], "adapipe-goodput(gpipe/2bw+predict)"),
 ])
 def test_method_labels_name_the_variant(overrides, label, make_cfg):
@@ -36,8 +37,13 @@ def test_the_plain_schedules_have_no_mitigation(make_cfg):
     assert list(make_cfg("schedule=adapipe").schedule.mitigation) == ["predict"]
 
 
+def test_adapipe_syncs_with_zbh1_by_default(make_cfg):
+    """ZB-H1: 1F1B's numbers and memory with a smaller bubble, the strongest sync schedule."""
+    assert make_cfg("schedule=adapipe").schedule.sync == "zbh1"
+
+
 def test_summary_names_the_method_and_each_phase_schedule(tmp_path):
     assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=3", f"hydra.run.dir={tmp_path}"]) == 0
     s = json.loads((tmp_path / "summary.json").read_text())
-    assert s["method"] == "adapipe-goodput(1f1b/pipedream+predict)"
-    assert s["phase_schedules"] == {"sync": "1f1b", "async": "pipedream+predict"}
+    assert s["method"] == "adapipe-goodput(zbh1/pipedream+predict)"
+    assert s["phase_schedules"] == {"sync": "zbh1", "async": "pipedream+predict"}

@@ -298,6 +298,21 @@ def test_cli_writes_simulation_json_and_timeline_in_process(tmp_path, capsys):
     check_simulation_outputs(tmp_path, capsys.readouterr().out)
 
 
+def test_cli_simulates_adapipe_with_its_default_sync_phase_zbh1(tmp_path, capsys):
+    """``adapipe simulate schedule=adapipe`` times ZB-H1's sync steps (its default), says so, and
+    is faster than the same plan with ``schedule.sync=1f1b`` (ZB-H1's smaller bubble)."""
+    from adapipe_cli.cli.main import main
+
+    args = ["schedule=adapipe", "heuristic.plan=[[sync,2],[async,3],[sync,null]]", "pipeline.stages=4",
+            "pipeline.microbatches=4", "steps=7"]
+    assert main(["simulate", *args, f"hydra.run.dir={tmp_path / 'zb'}"]) == 0
+    assert capsys.readouterr().out.startswith("schedule adapipe-fixed(zbh1/pipedream+predict) (sync+async)")
+    assert main(["simulate", *args, "schedule.sync=1f1b", f"hydra.run.dir={tmp_path / '1f1b'}"]) == 0
+    zb, plain = (json.loads((tmp_path / d / "simulation.json").read_text()) for d in ("zb", "1f1b"))
+    assert (zb["sync"], plain["sync"]) == ("zbh1", "1f1b")
+    assert zb["makespan"] < plain["makespan"]
+
+
 @pytest.mark.slow  # the installed command in a subprocess (5 s); the fast twin above runs in process
 def test_cli_writes_simulation_json_and_timeline(tmp_path):
     out = adapipe("simulate", *SIMULATE, f"hydra.run.dir={tmp_path}")

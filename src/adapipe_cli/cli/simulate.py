@@ -214,8 +214,11 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     from ..simulator.simulate import simulate
     from ..simulator.timeline import draw_timeline
 
+    from ..train.summary import method_label
+
     setup = prepare(cfg)
     spec, name = setup.spec, cfg.schedule.name
+    shown = method_label(cfg)  # (names AdaPipe's sync and async schedules: adapipe-fixed(zbh1/pipedream+predict))
     actions = setup.plan.max_steps * spec.virtual_stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
     res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation),
@@ -223,7 +226,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     written = ["simulation.json"]
     if record:
-        title = (f"{name}: {spec.stages} stages x {spec.microbatches} microbatches, "
+        title = (f"{shown}: {spec.stages} stages x {spec.microbatches} microbatches, "
                  + (f"{res.replicas} replicas (A: each stage's all-reduce), " if res.replicas > 1 else "") + f"{res.steps} steps; "
                  f"step {res.step_time:.4g} s, bubble {res.bubble_fraction:.1%}")
         timeline_note = draw_timeline(res.timeline, spec.stages, run_dir / "timeline.png", title)
@@ -240,7 +243,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     )
     (run_dir / "simulation.json").write_text(json.dumps(out, indent=2))
     try:
-        print(summary_text(name, setup, res))
+        print(summary_text(shown, setup, res))
         if cfg["print"]:
             print()
             print(f"each stage's actions in order, wrapped (at most {ACTIONS_PRINTED} per stage):")

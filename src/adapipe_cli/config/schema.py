@@ -92,7 +92,9 @@ def _schedule_class() -> type:
         "lr_reschedule_steps": (int, 100),  # PipeMare: steps over which the delay scaling anneals
         "predict_beta": (float, 0.0),  # EMA factor of the update velocity used by `predict`
         "nesterov_gamma": (float, 0.5),  # weight-space look-ahead coefficient of `nesterov`
-        # adapipe: which sync and async schedules it alternates between
+        # adapipe: which sync and async schedules it alternates between (conf/schedule/adapipe.yaml
+        # makes sync zbh1; 1f1b here, as every other schedule carries the key unused and a
+        # checkpoint resumes only with the same resolved config)
         "sync": (str, "1f1b"),
         "async": (str, "pipedream"),
         "async_lr_scale": (float, 1.0),

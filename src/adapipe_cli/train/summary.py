@@ -32,7 +32,7 @@ def async_label(schedule) -> str:
 
 def method_label(cfg) -> str:
     """What a run is, in the field's names, wherever it shows (run log, summary.json, plots):
-    ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(1f1b/pipedream+predict)``
+    ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(zbh1/pipedream+predict)``
     (AdaPipe: its heuristic, then the sync and async schedules it switches between;
     ``adapipe-fixed(interleaved-v2/pipedream-v2)``: interleaved 1F1B with 2 chunks per device and
     PipeDream over the same ``2p`` virtual stages)."""

@@ -481,3 +481,14 @@ def test_report_against_the_best_fixed_method(tmp_path):
     assert "| 2 | 4 | early (crossing) | sync 10 (10–10) | 1.10 [1.10, 1.10] | adapipe: missed (> 0.95) |" in md, md
     assert "| 2 | 4 | late (crossing) | async 20 (20–20) | 0.90 [0.90, 0.90] | adapipe: met (<= 0.95) |" in md, md
     assert "| 4 | 4 | early | sync n.r. (best 12) | <=1.50 [" in md and "adapipe: unknown (a bound, goal 1.02) |" in md, md
+
+
+def test_shared_data_resolves_in_a_train_override(monkeypatch, tmp_path):
+    """The grids' ``${adapipe.shared_data:NAME}`` also works typed into ``adapipe train`` (it was a
+    Hydra traceback there: the resolver existed only while a grid was composed)."""
+    from omegaconf import OmegaConf
+    from adapipe_cli.cli.compose import compose_config
+    monkeypatch.setenv("ADAPIPE_SHARED_DATA", str(tmp_path))
+    OmegaConf.clear_resolver("adapipe.shared_data")  # as in a fresh `adapipe train`, where no grid was composed
+    cfg = compose_config(["data=tinyshakespeare", "data.path=${adapipe.shared_data:tinyshakespeare}"])
+    assert cfg.data.path == str(tmp_path / "tinyshakespeare")

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from .paths import shared_data
 
 
 @dataclass
@@ -213,6 +216,8 @@ GROUPS = {
 
 def register_configs() -> None:
     """Register the schema as ``base_config`` and each group's schema as ``<group>/base``."""
+    if not OmegaConf.has_resolver("adapipe.shared_data"):  # the grids' data path, in any config or override
+        OmegaConf.register_new_resolver("adapipe.shared_data", shared_data)
     cs = ConfigStore.instance()
     if "base_config.yaml" in cs.repo:  # once per process: every compose calls this, and storing costs ~40 ms
         return

@@ -29,13 +29,6 @@ RESERVED = {
 TARGET_RULES = ("fixed", "sync_fraction", "sync_best")
 
 
-def shared_data(name: str) -> str:
-    """``${adapipe.shared_data:NAME}`` in a grid: ``$ADAPIPE_SHARED_DATA/NAME``, else ``NAME`` in
-    the ``shared/data`` folder beside the checkout (``../shared/data`` from the repository root)."""
-    root = os.environ.get("ADAPIPE_SHARED_DATA") or str(conf_dir().parent.parent / "shared" / "data")
-    return str(Path(root) / name)
-
-
 def override_key(override: str) -> str:
     """The key an override sets: ``+model.n_layer=2`` -> ``model.n_layer``."""
     return override.split("=", 1)[0].lstrip("+~")
@@ -173,8 +166,6 @@ def compose_grid(overrides: list[str]):
     from ..cli.compose import compose_config
 
     register_sweep_config()
-    if not OmegaConf.has_resolver("adapipe.shared_data"):
-        OmegaConf.register_new_resolver("adapipe.shared_data", shared_data)
     return compose_config(overrides, config_name=None).sweep
 
 

@@ -133,6 +133,7 @@ BAD = [
     (["optim.beta1=1.5"], "optim.beta1=1.5: give a value in [0, 1)"),
     (["optim.eps=-1"], "optim.eps=-1: give a value >= 0"),
     (["optim=muon", "optim.muon_momentum=-1"], "optim.muon_momentum=-1: give a value >= 0"),
+    (["optim=muon", "optim.muon_lr=20"], "optim.muon_lr x optim.weight_decay = 20 x 0.1 >= 1: each step would multiply the hidden matrices"),
     (["optim.weight_decay=1e45"], "optim.lr x optim.weight_decay = 0.001 x 1e+45 >= 1"),
     (["optim.lr=10"], "optim.lr x optim.weight_decay = 10 x 0.1 >= 1"),
     (["optim.weight_decay=-0.1"], "optim.weight_decay=-0.1: give a value >= 0"),
@@ -161,14 +162,16 @@ def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
     assert not (tmp_path / "run").exists()  # rejected before anything is written
 
 
-def test_a_huge_learning_rate_within_float32_diverges_in_one_line(capsys, tmp_path):
+@pytest.mark.parametrize("optim, rate", [([], "lower optim.lr or"),
+                                         (["optim=muon", "optim.lr=1e30", "optim.muon_lr=1e30"], "lower optim.muon_lr or optim.lr or")])
+def test_a_huge_learning_rate_within_float32_diverges_in_one_line(capsys, tmp_path, optim, rate):
     """optim.lr=1e30 (no weight decay: lr x weight_decay >= 1 is refused up front): the first step
-    fits float32, the loss after it does not; the run says so in one line, exit 1, and keeps what
-    it wrote (it ran)."""
-    assert main(["train", *TINY, "optim.lr=1e30", "optim.weight_decay=0", "pipeline.stages=2", "train.max_steps=3",
+    fits float32, the loss after it does not; the run says so in one line naming the rates to
+    lower (with Muon its own first), exit 1, and keeps what it wrote (it ran)."""
+    assert main(["train", *TINY, "optim.lr=1e30", *optim, "optim.weight_decay=0", "pipeline.stages=2", "train.max_steps=3",
                  f"hydra.run.dir={tmp_path / 'run'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("adapipe: error: training diverged at step 1") and "lower optim.lr" in err[-1], err
+    assert err[-1].startswith("adapipe: error: training diverged at step 1") and rate in err[-1], err
     assert not any("Traceback" in line for line in err) and (tmp_path / "run" / "metrics.jsonl").is_file()
 
 

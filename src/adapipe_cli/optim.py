@@ -135,6 +135,12 @@ class Muon(torch.optim.Muon):
         return loss
 
 
+def rate_keys(cfg) -> str:
+    """The learning rates a user can lower, for a message: ``optim.lr``, and with Muon first
+    ``optim.muon_lr`` (Muon's rate on the hidden matrices, AdamW's ``optim.lr`` on the rest)."""
+    return "optim.muon_lr or optim.lr" if cfg.name == "muon" else "optim.lr"
+
+
 def overflowing_lr(cfg, scale: float = 1.0) -> str | None:
     """The key, ``optim.lr`` or ``optim.muon_lr``, whose rate times ``scale`` makes a first update
     overflow float32, else None. The first step is the largest: Adam's is ``lr / (1 - beta1)``

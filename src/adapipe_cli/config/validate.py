@@ -84,7 +84,8 @@ def validate(cfg) -> None:
 def _check_step_size(cfg) -> None:
     """The optimizer's arguments in range, and a first update that stays finite and keeps the
     weights' sign: a learning rate whose first step overflows float32 (e.g. optim.lr=1e39), or
-    lr x weight_decay >= 1, is refused here in one line rather than inside the first step."""
+    lr x weight_decay >= 1 (and muon_lr x weight_decay with Muon), is refused here in one line rather
+    than inside the first step."""
     o = cfg.optim
     for key in ("beta1", "beta2"):
         _need(0 <= o[key] < 1, f"optim.{key}={o[key]:g}: give a value in [0, 1)")
@@ -106,6 +107,10 @@ def _check_step_size(cfg) -> None:
     _need(o.lr * scale * o.weight_decay < 1,
           f"optim.lr x optim.weight_decay = {o.lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
           f"weights by 1 - lr x weight_decay <= 0; lower optim.lr or optim.weight_decay")
+    if o.name == "muon":  # Muon decays the hidden matrices at its own rate
+        _need(o.muon_lr * scale * o.weight_decay < 1,
+              f"optim.muon_lr x optim.weight_decay = {o.muon_lr:g} x {o.weight_decay:g}{times} >= 1: each step would "
+              f"multiply the hidden matrices by 1 - lr x weight_decay <= 0; lower optim.muon_lr or optim.weight_decay")
     finite_first_step(o)
 
 

@@ -20,6 +20,7 @@ from .. import checkpoint
 from ..adaptive.base import Decision, Observation
 from ..config.validate import ConfigError
 from ..data import DataError
+from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
 from ..schedules import SYNC
@@ -67,7 +68,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                     step = self._rollback(step, res, reason)
                     continue
                 if not math.isfinite(res.loss):
-                    raise TrainingDiverged(f"training diverged at step {step} (loss {res.loss}): lower optim.lr or "
+                    raise TrainingDiverged(f"training diverged at step {step} (loss {res.loss}): lower {rate_keys(cfg.optim)} or "
                                            f"schedule.async_lr_scale, or keep heuristic.guard=true")
                 self.guard.accept(res.loss)
                 ev = self._after_step(step, res)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 
+from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
 from .state import RunState
@@ -28,7 +29,7 @@ class Rollback:
         kept = self.guard.restore_point(step, self.lag)
         if kept is None:
             raise TrainingDiverged(f"training diverged at step {step} ({reason}) with no good state to go back to: "
-                                   f"lower optim.lr or schedule.async_lr_scale")
+                                   f"lower {rate_keys(self.cfg.optim)} or schedule.async_lr_scale")
         good, state = kept
         lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
         run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on

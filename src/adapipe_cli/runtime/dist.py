@@ -56,6 +56,7 @@ from ..simulator.replay import Replay
 from ..schedules.choice import chunks
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .dist_transport import Board
+from .driver_link import verdict_value
 from .errors import TrainingDiverged, WorkerFailed
 from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
 from .action_times import action_table
@@ -273,7 +274,8 @@ class DistRuntime:
 
     def run_step(self, t: int) -> StepResult:
         """Let every stage apply ``U(t)`` and wait for their reports of step ``t``."""
-        self.board.put(f"go/{t}", "snap" if self.snap_due else "go")
+        # (with the phases decided after t: the workers need no fetch of phase/{u} for them)
+        self.board.put(f"go/{t}", verdict_value("snap" if self.snap_due else "go", t + 1, self.plan.phases[t + 1:]))
         self.snap_due = False
         self.released = t + 1
         if t > 0:

@@ -9,7 +9,9 @@ per-step permission to update, per-step reports, evaluation results and errors. 
     grad_bytes/{s}       (virtual) stage s's parameter bytes, all-reduced across replicas on the pipeline clock
     link/{r}             the link from rank r to rank r + 1, measured at start-up (DistTransport.measure_link)
     phase/{u}            phase of step u ("sync" | "async"), or "end" / "abort"
-    go/{t}               "go": every stage may apply U(t); "end" | "eval" | "abort": stop before it
+    go/{t}               ("go" | "snap", t + 1, the phases decided from step t + 1 on): every stage may
+                         apply U(t) (snap: after keeping a snapshot); "back": roll back;
+                         "end" | "eval" | "abort": stop before it
     rep/{t}/{r}          rank r's report of step t (after its U(t))
     eval/{v}             validation losses of weight version v (last stage)
     error/{r}, errors    rank r's exception message; a counter of errors reported

@@ -16,7 +16,9 @@ over a :class:`DistTransport`. Three things tie it to the driver (the Trainer's 
   ``U(v)`` if the program places it later (which it does on stages ``s >= m`` of a stream), so
   that the driver has every evaluation of step ``t`` before it opens the gate of ``t + 1``.
 
-After each ``U(t)`` a worker reports its step statistics and times (``rep/{t}/{rank}``). When the
+After each ``U(t)`` a worker reports its step statistics and times (``rep/{t}/{rank}``); a thread
+puts the reports and fetches the next gate's verdict ahead (:mod:`.driver_link`), and a verdict
+carries the phases decided so far, so the driver costs a worker no round trip in a steady step. When the
 driver ends the run, every worker evaluates the final version if asked, meets the others at a
 barrier (so that no message still needed is lost) and exits.
 
@@ -98,6 +100,7 @@ from ..schedules.interleaved import CUT, DevicePicks
 from .. import checkpoint
 from .action_times import ActionTimes, warm_steps
 from .dist_transport import ENDINGS, Board, DistAllReduce, DistTransport, build_groups
+from .driver_link import DriverLink
 from .faults import inject_fault
 from .profile_meta import measure_stage_profile
 from .replicas import ReplicaGroup, replica_batch, replica_seed, where
@@ -150,6 +153,13 @@ class BoardPlan(Plan):
                 raise Ended(value)
             self.decide(len(self.phases), value)
         return super().phase(step)
+
+    def learn(self, first: int, phases: list[str]) -> None:
+        """The phases of steps ``first, first + 1, ...`` that a gate's verdict carried: those not
+        known yet are decided here, without a fetch each."""
+        for u, phase in enumerate(phases, first):
+            if u == len(self.phases):
+                self.decide(u, phase)
 
 
 def never(step: int) -> bool:
@@ -214,6 +224,7 @@ class Worker:
         from ..data import build_data
 
         self.board, self.rank, self.device, self.status = board, rank, device, status
+        self.driver = DriverLink(board, rank)  # reports and the next gate's verdict, in the background
         cfg = self.cfg = OmegaConf.create(spec["config"])
         p, m, R = cfg.pipeline.stages, cfg.pipeline.microbatches, cfg.pipeline.get("replicas", 1)
         self.replica, self.stage = where(rank, p)
@@ -335,6 +346,7 @@ class Worker:
         self.status.set(WAIT_PEER)
         dist.barrier()  # every message that someone still needs has been received
         self.status.set(FINISHED)
+        self.driver.flush()
         # its peaks at its end, its final evaluation and checkpoint included (its last report came before them)
         self.board.put(f"done/{self.rank}", {"steps": self.ex.live, "action_times": self.times.window() if self.device.type == "cpu" else None, **self._peaks()})
 
@@ -405,7 +417,10 @@ class Worker:
             self._save(step)
         self.status.set(WAIT_DRIVER, step)
         t1 = time.perf_counter()
-        verdict = self.board.get(f"go/{step}")
+        verdict = self.driver.verdict(step)
+        if isinstance(verdict, tuple):  # go or snap, with the phases decided so far (driver_link.verdict_value)
+            verdict, first, phases = verdict
+            self.plan.learn(first, phases)
         # a checkpoint's whole pause (this part, the others, the driver's manifest) is not training time
         if saving:
             self.save_s += time.perf_counter() - t0
@@ -600,7 +615,7 @@ class Worker:
         end = time.perf_counter() - self.t0
         stats, exs, cuda = [ex.take_stats(step) for ex in self.exs], self.exs, self.device.type == "cuda"
         st = stats[-1]  # (the last chunk's: on the last rank, the last stage's losses)
-        self.board.put(f"rep/{step}/{self.rank}", {
+        self.driver.report(step, {
             "t_end": end, "eval_s": self.eval_s, "save_s": self.save_s,
             "node": int(os.environ.get("GROUP_RANK", "0")),  # torchrun's index of this worker's node
             "busy": float("nan") if cuda else self.busy,

@@ -55,7 +55,7 @@ from adapipe_cli.schedules.choice import schedule_choice, virtual_stages  # noqa
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 
-SKIP = 5  # steps left out at either end of a run
+SKIP = 5  # steps left out at either end of a run (fewer in a short run: a quarter of it)
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
 # adapipe's sync schedules and torch's of the same kind (see the module docstring)
 TORCH = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "interleaved": "ScheduleInterleaved1F1B"}
@@ -72,7 +72,9 @@ def overrides(args, schedule: str, replicas: int = 1) -> list[str]:
 
 
 def window(n: int) -> tuple[int, int]:
-    return SKIP, n - 1 - SKIP
+    """(lo, hi): the steady steps' ends, ``min(SKIP, n // 4)`` steps left out at either end."""
+    skip = min(SKIP, n // 4)
+    return skip, max(skip + 1, n - 1 - skip)
 
 
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float, dict]:
@@ -268,6 +270,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--report", default=None, help="print the table of a bench.json that a run wrote, run nothing")
     args = ap.parse_args()
+    if args.steps < 4:
+        ap.error("--steps must be at least 4 (a quarter of a run at either end is left out of its step time)")
     if args.report:  # (a run stopped early keeps the repeats it finished)
         saved = json.loads(Path(args.report).read_text())
         runs = {(int(k.split("/")[0]), k.split("/")[1]): v for k, v in saved["runs"].items()}
@@ -280,9 +284,13 @@ def main() -> None:
     header = (f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
               f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
     replicas, rsched = [r for r in args.replicas if r > 1], args.replica_schedules if args.replicas else []
+    cores = os.cpu_count() or 1
+    if cores < max(depths):  # (torch's ranks share them alike: the ratio stays fair, measured/simulated not)
+        header += (f"; only {cores} cores for up to {max(depths)} workers: they share them, in adapipe's runs "
+                   f"and torch's alike, the simulator gives each its own device")
     if replicas:
         header += f"; replicas {replicas} of {rsched}, batch {args.batch} per replica"
-        cores, most = os.cpu_count() or 1, max(replicas) * max(depths)
+        most = max(replicas) * max(depths)
         if cores < most:  # the simulator gives every worker its own device
             header += f" (only {cores} cores for up to {most} workers: they share them, the simulator assumes they do not)"
     twins = [s for s in args.schedules if s in TORCH]  # the schedules torch has too
@@ -346,6 +354,8 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 rows.append((f"p={p}: {schedule} step, torch {TORCH[schedule]} (ms)", fmt([1e3 * t for t in torch_t]),
                              "best / median"))
             rs = runs[(p, schedule)]
+            if not rs:  # (left out at this depth: interleaved with too few blocks)
+                continue
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))

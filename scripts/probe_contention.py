@@ -80,16 +80,16 @@ def main() -> None:
         with open(args["json"], "w") as f:
             json.dump(got, f)
     print(f"{args['model']}, stage r of 2 on rank r, microbatch {args['batch'] // 4}, 1 thread each, "
-          f"{args['rounds']} rounds x {args['calls']} calls per mode; medians (ms), together / alone")
+          f"{args['rounds']} rounds x {args['calls']} calls per mode; ms alone -> together (x ratio), median | min")
     for rank in (0, 1):
         t = got[rank]
         for kind in KINDS:
-            med = {(m, c): 1e3 * statistics.median(t[f"{m}|{kind}|{c}"]) for m in (f"alone{rank}", "both")
-                   for c in ("wall", "cpu")}
-            a, b = f"alone{rank}", "both"
-            print(f"stage {rank} {kind:<8}  wall {med[(a, 'wall')]:6.2f} alone {med[(b, 'wall')]:6.2f} together "
-                  f"{med[(b, 'wall')] / med[(a, 'wall')]:.2f}x   cpu {med[(a, 'cpu')]:6.2f} alone "
-                  f"{med[(b, 'cpu')]:6.2f} together {med[(b, 'cpu')] / med[(a, 'cpu')]:.2f}x")
+            cols = []
+            for c in ("wall", "cpu"):
+                for name, f in (("median", statistics.median), ("min", min)):
+                    a, b = (1e3 * f(t[f"{m}|{kind}|{c}"]) for m in (f"alone{rank}", "both"))
+                    cols.append(f"{c} {name} {a:5.2f} -> {b:5.2f} ({b / a:.2f}x)")
+            print(f"stage {rank} {kind:<8}  " + "  ".join(cols))
 
 
 if __name__ == "__main__":

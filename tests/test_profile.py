@@ -93,6 +93,39 @@ def test_interleaved_timing_keeps_the_minimum_and_the_passes_spread():
     assert len(built) == 7 and all(not v for v in clock.left.values())  # every duration consumed, in order
 
 
+def test_interleaved_timing_keeps_the_median_when_asked_and_the_minimum_by_default():
+    from adapipe_cli.runtime.profile import time_interleaved
+
+    # warm-up, then 2 passes x 3 rounds: F's rounds 4 3 8 | 5 3 6 (median of all 4.5, of the passes 4 and 5)
+    durations = {"F": [9, 4, 3, 8, 5, 3, 6], "B": [9, 6, 6, 6, 6, 6, 6]}
+    clock = FakeClock(durations)
+    med = time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock, statistic="median")
+    assert med["F"] == (4.5, 5 / 4 - 1) and med["B"] == (6, 0.0)
+    clock = FakeClock(durations)
+    low = time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock)
+    assert low["F"] == (3, 0.0) and low["B"] == (6, 0.0)
+
+
+def test_a_median_profile_holds_the_median_and_says_so_in_its_method(make_cfg):
+    from adapipe_cli.runtime.profile import measure_profile
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+
+    cfg = make_cfg("pipeline.stages=1")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    spread = [1, 3, 2]  # round r's every call lasts spread[r % 3] ms (median 2, min 1)
+    durations = lambda i: 1e-3 * spread[(i // 9) % 3] if i >= 9 else 5e-3  # noqa: E731  (9 kinds; warm-up 5 ms)
+    opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
+    med = measure_profile(stages, opt, x, x, reps=3, timer=_scripted_timer(durations), statistic="median")
+    low = measure_profile(stages, opt, x, x, reps=3, timer=_scripted_timer(durations))
+    approx = pytest.approx
+    assert med.forward == approx([2e-3]) and med.backward == approx([2e-3]) and med.update == approx([2e-3])
+    assert low.forward == approx([1e-3]) and low.backward == approx([1e-3]) and low.update == approx([1e-3])
+    assert med.meta["statistic"] == "median" and med.meta["method"].startswith("median over 2 passes x 3")
+    assert low.meta["statistic"] == "min" and low.meta["method"].startswith("min over 2 passes x 3")
+
+
 def _scripted_timer(durations):
     """A timer for measure_profile: the i-th timed call lasts durations(i) seconds (warm-up calls
     are timed too: the first 3p calls)."""

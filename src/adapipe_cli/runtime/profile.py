@@ -7,7 +7,8 @@ optimizer, so measuring changes neither the weights nor the random state of the 
 
 Other work on the machine can only slow a measurement down, and it comes and goes, so the kinds of
 work are interleaved (every round times each stage's F, B and U once, in turn: a busy spell slows
-all kinds alike instead of one) and the time kept is the minimum over rounds, the quiet value.
+all kinds alike instead of one) and the time kept is the minimum over rounds, the quiet value
+(a dist worker's start-up profile keeps the median instead, the typical call its run is made of).
 The rounds run in two passes over the stages; where a stage's minima of the two passes disagree
 by more than :data:`SPREAD_LIMIT` (spread = max/min - 1), the load lasted through a whole pass and
 the profile cannot be trusted: one warning line says so (measured with at least
@@ -22,6 +23,7 @@ under the same autocast, so bf16's times and its saved activations' bytes are bf
 from __future__ import annotations
 
 import copy
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -39,6 +41,7 @@ PASSES = 2
 SPREAD_LIMIT = 0.25  # the two passes' minima may disagree by this much before a warning
 SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption of sub-millisecond work)
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
+STATISTICS = {"min": min, "median": statistics.median}  # of a kind of work's times over the rounds
 KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate", "data")
 
 
@@ -62,32 +65,38 @@ class Work:
 
 def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes: int = PASSES,
                      timer: Callable[[], float] = time.perf_counter,
-                     until: Callable[[], bool] | None = None) -> dict[Hashable, tuple[float, float]]:
-    """Per name: (min seconds, spread). After one untimed warm-up call of each, ``passes`` x
+                     until: Callable[[], bool] | None = None,
+                     statistic: str = "min") -> dict[Hashable, tuple[float, float]]:
+    """Per name: (seconds, spread). After one untimed warm-up call of each, ``passes`` x
     ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
-    U, ...). With t[p][r] the time of round r of pass p:
+    U, ...). With t[p][r] the time of round r of pass p and S the ``statistic`` (min or median):
 
-        time = min_{p,r} t[p][r],    spread = max_p m_p / min_p m_p - 1,  m_p = min_r t[p][r]
+        time = S_{p,r} t[p][r],    spread = max_p m_p / min_p m_p - 1,  m_p = S_r t[p][r]
+
+    ``min`` is the quiet value (a busy machine only inflates calls); ``median`` the typical call
+    (a dist worker's start-up profile: its run's steps are made of typical calls).
 
     ``work`` values are zero-argument callables or :class:`Work` (with an untimed setup).
     ``until``: after the timed rounds, the work goes on, untimed, a round at a time, until
     ``until()`` is true (a dist worker whose peers still measure: their rounds must see it
     computing, as they will in the run)."""
+    stat = STATISTICS[statistic]
     items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
     for w in items.values():
         w(timer)  # warm-up: allocator, caches, lazy initialisation
-    minima = {name: [] for name in items}
-    for _ in range(passes):
-        best = {name: float("inf") for name in items}
+    runs = {name: [[] for _ in range(passes)] for name in items}  # per name, per pass: the rounds' times
+    for p in range(passes):
         for _ in range(max(1, rounds)):
             for name, w in items.items():
-                best[name] = min(best[name], w(timer))
-        for name in items:
-            minima[name].append(best[name])
+                runs[name][p].append(w(timer))
     while until is not None and not until():
         for w in items.values():
             w(timer)
-    return {name: (min(m), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0) for name, m in minima.items()}
+    out = {}
+    for name, per_pass in runs.items():
+        m = [stat(ts) for ts in per_pass]
+        out[name] = (stat([t for ts in per_pass for t in ts]), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0)
+    return out
 
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
@@ -190,13 +199,14 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
                     precision: str = "fp32", grad_clip: float = 0.0,
                     make_batch: Callable[[int], object] | None = None,
-                    until: Callable[[], bool] | None = None) -> CostProfile:
+                    until: Callable[[], bool] | None = None, statistic: str = "min") -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
     data source's batch of step ``t`` (each call a step not made before), timed as every stage's
     ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing.
-    ``until``: :func:`time_interleaved`'s (keep computing, untimed, until the peers are done)."""
+    ``until``, ``statistic``: :func:`time_interleaved`'s (keep computing, untimed, until the peers
+    are done; ``min``, the quiet value, or ``median``, the typical call)."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
@@ -206,7 +216,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             w["data"] = Work(lambda: None) if make_batch is None else Work(_fresh_batches(make_batch))
             work.update({(s, kind): w[kind] for kind in KINDS})
             act_bytes = act_bytes or b
-        t = time_interleaved(work, reps, timer=timer, until=until)
+        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic)
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
     finally:
         torch.random.set_rng_state(state)
@@ -217,8 +227,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     line = unsteady(spread, times) if reps >= MIN_ROUNDS else None
     if line:
         warn(line)
-    meta = {**(meta or {}), "method": f"min over {PASSES} passes x {max(1, reps)} interleaved rounds",
-            "spread": spread}
+    meta = {**(meta or {}), "method": f"{statistic} over {PASSES} passes x {max(1, reps)} interleaved rounds",
+            "statistic": statistic, "spread": spread}
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,

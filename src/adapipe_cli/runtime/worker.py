@@ -301,8 +301,9 @@ class Worker:
         if spec.get("measure"):  # the cost profile of this stage, measured here, on this device, beside its peers
             x, y = batch(0, 0)
             dist.barrier()  # every worker (of every replica) starts measuring at once, as all compute in the run
+            # the median call, not the quiet minimum: the prediction from this profile is of this run's steps
             prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None,
-                                         until=all_measured(board, dist.get_world_size()))
+                                         until=all_measured(board, dist.get_world_size()), statistic="median")
             prof.meta["device"] = str(device)
             prof.meta["method"] += ", every worker measuring at once"
             if self.reporter:

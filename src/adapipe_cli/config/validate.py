@@ -104,13 +104,13 @@ def _check_step_size(cfg) -> None:
 
     # the rates alone first (no weight decay), so that a huge decay is not blamed on the rate
     finite_first_step(OmegaConf.merge(o, {"weight_decay": 0.0}))
-    _need(o.lr * scale * o.weight_decay < 1,
-          f"optim.lr x optim.weight_decay = {o.lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
-          f"weights by 1 - lr x weight_decay <= 0; lower optim.lr or optim.weight_decay")
+    decays = [("optim.lr", o.lr, "weights")]
     if o.name == "muon":  # Muon decays the hidden matrices at its own rate
-        _need(o.muon_lr * scale * o.weight_decay < 1,
-              f"optim.muon_lr x optim.weight_decay = {o.muon_lr:g} x {o.weight_decay:g}{times} >= 1: each step would "
-              f"multiply the hidden matrices by 1 - lr x weight_decay <= 0; lower optim.muon_lr or optim.weight_decay")
+        decays.append(("optim.muon_lr", o.muon_lr, "hidden matrices"))
+    for key, lr, what in decays:
+        _need(lr * scale * o.weight_decay < 1,
+              f"{key} x optim.weight_decay = {lr:g} x {o.weight_decay:g}{times} >= 1: each step would multiply the "
+              f"{what} by 1 - lr x weight_decay <= 0; lower {key} or optim.weight_decay")
     finite_first_step(o)
 
 

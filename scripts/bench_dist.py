@@ -49,6 +49,7 @@ import torch.distributed as dist  # noqa: E402
 
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
 from adapipe_cli.model.build import make_stages, model_config  # noqa: E402
+from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import schedule_choice, virtual_stages  # noqa: E402
@@ -77,10 +78,11 @@ def window(n: int) -> tuple[int, int]:
     return skip, max(skip + 1, n - 1 - skip)
 
 
-def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float, dict]:
+def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float, dict, float | None]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
     profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
-    parameter bytes over that link; :func:`where_time_went` of its summary.json)."""
+    parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
+    step again with each action at its in-run cost, :func:`in_run_profile`)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -92,10 +94,16 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     plan = Plan(len(steps), [r["phase"] for r in steps])
     link = LinkModel.choose(0.0, 0.0, prof)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
-    sim = simulate(schedule_choice(cfg).spec, plan, prof, link, record=False,
-                   mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
-    predicted = (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
-    return measured, predicted, where_time_went(json.loads((out / "summary.json").read_text())["action_times"])
+    table = json.loads((out / "summary.json").read_text())["action_times"]
+
+    def predict(costs: CostProfile) -> float:
+        sim = simulate(schedule_choice(cfg).spec, plan, costs, link, record=False,
+                       mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
+        return (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
+
+    # (the second prediction takes the steady steps' own action costs: what is left between it and
+    # the measured step is the schedule's timing, the link and the loop, not the profile's costs)
+    return measured, predict(prof), where_time_went(table), predict(in_run_profile(table, prof)) if table else None
 
 
 def where_time_went(table: dict | None) -> dict:
@@ -359,6 +367,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))
+            inrun = [r[0] / r[3] for r in rs if len(r) > 3 and r[3]]  # (a bench.json from before it has none)
+            if inrun:
+                rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),
+                             "each action at the run's own cost: the schedule's timing alone"))
             went = [r[2] for r in rs if len(r) > 2 and r[2]]  # (a bench.json from before action_times has none)
             if went:
                 med = lambda k: statistics.median(w[k] for w in went)  # noqa: E731

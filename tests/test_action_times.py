@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adapipe_cli.runtime.action_times import ActionTimes, action_table, warm_steps
+from adapipe_cli.runtime.action_times import ActionTimes, action_table, in_run_profile, warm_steps
 from adapipe_cli.simulator.clock import CostProfile
 
 
@@ -46,3 +46,23 @@ def test_no_window_no_table():
     assert times.window() is None and action_table([None, None], None) is None
     times.mark(4, 2, {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0})
     assert times.window() is None  # one report: no step between
+
+
+def test_in_run_profile_scales_each_stage_and_kind_by_the_run_over_the_charge():
+    prof = CostProfile([1.0, 0.5], [2.0, 1.0], [0.1, 0.2], copy=[0.01, 0.02], accumulate=[0.03, 0.04])
+    table = {"actions": [
+        {"rank": 0, "stage": 0, "kind": "F", "count": 4, "run_s": 2.0, "profiled_s": 1.0},  # 2x
+        {"rank": 0, "stage": 0, "kind": "B", "count": 4, "run_s": 2.0, "profiled_s": 2.0},  # 1x
+        # stage 1 on two ranks (replicas): backward 10 x 1.5 and 30 x 1.0 against 40 x 1.0 charged
+        {"rank": 1, "stage": 1, "kind": "B", "count": 10, "run_s": 1.5, "profiled_s": 1.0},
+        {"rank": 2, "stage": 1, "kind": "B", "count": 30, "run_s": 1.0, "profiled_s": 1.0},
+        {"rank": 1, "stage": 1, "kind": "U", "count": 1, "run_s": 0.9, "profiled_s": 0.0},  # no charge: left as is
+    ], "ranks": []}
+    got = in_run_profile(table, prof)
+    assert got.forward == pytest.approx([2.0, 0.5]) and got.backward == pytest.approx([2.0, 1.0 * 45 / 40])
+    assert got.update == pytest.approx([0.1, 0.2])
+    # extra work at the stage's ratio over all its actions: stage 0 (8 + 8) / (4 + 8), stage 1 45 / 40
+    assert got.copy == pytest.approx([0.01 * 16 / 12, 0.02 * 45 / 40])
+    assert got.accumulate == pytest.approx([0.03 * 16 / 12, 0.04 * 45 / 40])
+    assert prof.forward == [1.0, 0.5] and prof.copy == [0.01, 0.02]  # the run's profile itself is left alone
+    assert "in_run" in got.meta and "in_run" not in prof.meta

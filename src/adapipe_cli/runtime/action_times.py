@@ -125,4 +125,34 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
                       "extra work"}
 
 
-__all__ = ["ActionTimes", "action_table", "warm_steps"]
+FIELD = {FORWARD: "forward", BACKWARD: "backward", INPUT: "input", WEIGHT: "weight", UPDATE: "update"}
+
+
+def in_run_profile(table: dict, profile: CostProfile) -> CostProfile:
+    """``profile`` with each stage's costs as the run's actions took them (a diagnostic: what the
+    simulator predicts when it is given the steady steps' own costs, so that its remaining gap to
+    the measured step is the schedule's timing, not the costs'): a kind's cost at a stage times
+    that stage's ``run_s / profiled_s`` for the kind (kept where the run did none), and the extra
+    work (copy, predict, accumulate, data) times the stage's ratio over all its actions. A stage
+    on several ranks (replicas) takes the ratio of their sums."""
+    prof = copy.deepcopy(profile)
+    run, charged = {}, {}
+    for r in table["actions"]:
+        if not r.get("profiled_s"):
+            continue
+        key = (r["stage"], r["kind"])
+        run[key] = run.get(key, 0.0) + r["count"] * r["run_s"]
+        charged[key] = charged.get(key, 0.0) + r["count"] * r["profiled_s"]
+    for s in range(prof.stages):
+        mine = [k for k in run if k[0] == s]
+        for (_, kind) in mine:
+            getattr(prof, FIELD[kind])[s] *= run[(s, kind)] / charged[(s, kind)]
+        if mine:
+            ratio = sum(run[k] for k in mine) / sum(charged[k] for k in mine)
+            for name in ("copy", "predict", "accumulate", "data"):
+                getattr(prof, name)[s] *= ratio
+    prof.meta = {**prof.meta, "in_run": "costs scaled to the run's steady actions (runtime.action_times.in_run_profile)"}
+    return prof
+
+
+__all__ = ["ActionTimes", "action_table", "in_run_profile", "warm_steps"]

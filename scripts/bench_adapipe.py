@@ -6,12 +6,17 @@ For every cell (data, optimizer, depth p, microbatches m) the script
    cell's one clock, reused by every other run of the cell through ``pipeline.profile``);
 2. fixes the cell's target before any other method runs: the validation perplexity that sync
    reaches (median over seeds) at ``--target-at`` of its steps;
-3. runs async (pipedream+predict; 2bw+predict where m >= p - 1) and AdaPipe (rate, goodput; its
-   async phase pipedream+predict) until they reach the target (at most ``--budget`` x the sync
-   steps): async needs more, cheaper steps;
+3. runs sync ZB-H1 (``sync-zb``: 1F1B's numbers with a smaller bubble, the strongest sync
+   schedule; it stops at the target), async (pipedream+predict; 2bw+predict where m >= p - 1) and
+   AdaPipe (heuristics rate, goodput and gain; its sync phase ZB-H1, its async phase
+   pipedream+predict) until they reach the target (at most ``--budget`` x the sync steps): async
+   needs more, cheaper steps;
 4. prints and writes (``results.json``, ``results.md``) the median time-to-target per method, its
-   spread over seeds and its ratio to sync. A method that never reaches the target is marked with
-   its best perplexity.
+   spread over seeds, its ratio to sync 1F1B and, for AdaPipe, its ratio to the best fixed method
+   of the cell (the fastest of sync, sync-zb, pipedream+predict and 2bw+predict at the median)
+   with a 95% bootstrap interval over seeds (``adapipe_cli.sweep.bootstrap``). A method that never
+   reaches the target is marked with its best perplexity; a seed that does not counts as infinite
+   time.
 
 The learning rate is constant after its warm-up, so a method's trajectory does not depend on its
 step budget; every async schedule runs with weight prediction (``+predict`` in its name).
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -31,6 +37,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from adapipe_cli.sweep.bootstrap import fmt_ci, speedup_ci
 from adapipe_cli.sweep.target import time_to_target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,13 +57,19 @@ def methods(p: int, m: int, budget: list[str]) -> dict[str, list[str]]:
     weight prediction, set explicitly (``schedule=pipedream`` alone is PipeDream without it)."""
     out = {
         "sync": ["schedule=1f1b"],
+        # ZB-H1: 1F1B's numbers with a smaller bubble (the strongest sync schedule; AdaPipe's sync phase)
+        "sync-zb": ["schedule=zbh1", "train.stop_at_target=true"],
         "pipedream+predict": ["schedule=pipedream", PREDICT, *budget],
         "adapipe-rate+predict": ["schedule=adapipe", "heuristic=rate", PREDICT, *budget],
         "adapipe-goodput+predict": ["schedule=adapipe", "heuristic=goodput", PREDICT, *budget],
+        "adapipe-gain+predict": ["schedule=adapipe", "heuristic=gain", PREDICT, *budget],
     }
     if m >= p - 1:
         out["2bw+predict"] = ["schedule=2bw", PREDICT, *budget]
     return out
+
+
+FIXED = ("sync", "sync-zb", "pipedream+predict", "2bw+predict")  # the fixed methods AdaPipe is held against
 
 
 def run_one(job: tuple[str, list[str]]) -> dict:
@@ -134,6 +147,9 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
         results.setdefault(Path(job[0]).name.rsplit("_s", 1)[0], []).append(res)
     rows = []
     ttt_sync = median_ttt([time_to(r, target) for r in results["sync"]])
+    inf = lambda xs: [x if x is not None else math.inf for x in xs]  # noqa: E731
+    fixed = {n: inf([time_to(r, target) for r in results[n]]) for n in FIXED if n in results}
+    best_fixed = min(fixed, key=lambda n: statistics.median(fixed[n]))  # the fastest fixed method at the median
     print(f"\n{cell}: target ppl {target:.2f} (sync at {args.target_at:.0%} of its budget)   [{time.time() - t0:.0f}s]")
     print(f"  {'method':<22} {'ttt median':>10} {'spread':>17} {'vs sync':>8} {'async frac':>10} {'switches':>8}")
     for name, runs in results.items():
@@ -147,9 +163,17 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
         sw = statistics.median(r["summary"]["switches"] for r in runs)
         shown = f"{med:.2f}" if med is not None else f"n/r({best:.1f})"
         print(f"  {name:<22} {shown:>10} {spread:>17} {(f'{ratio:.3f}' if ratio else '-'):>8} {af:>10.2f} {sw:>8.1f}")
-        rows.append({"cell": cell, "data": data, "optim": optim, "stages": p, "microbatches": m, "target_ppl": target,
-                     "method": name, "ttt_median": med, "ttt_all": ttts, "ratio_to_sync": ratio, "best_ppl": best,
-                     "async_fraction": af, "switches": sw, "reached": len(reached), "runs": len(runs)})
+        row = {"cell": cell, "data": data, "optim": optim, "stages": p, "microbatches": m, "target_ppl": target,
+               "method": name, "ttt_median": med, "ttt_all": ttts, "ratio_to_sync": ratio, "best_ppl": best,
+               "async_fraction": af, "switches": sw, "reached": len(reached), "runs": len(runs)}
+        if name.startswith("adapipe"):  # time over the best fixed method's, with a bootstrap interval over seeds
+            mine, theirs = inf(ttts), fixed[best_fixed]
+            over = statistics.median(mine) / statistics.median(theirs)  # (nan: neither reached; inf: only theirs)
+            ci = speedup_ci(theirs, mine)  # (median(mine) / median(theirs): a time ratio, below 1 faster)
+            finite = lambda x: x if math.isfinite(x) else None  # noqa: E731 (JSON has no inf: null)
+            row.update(best_fixed=best_fixed, vs_best_fixed=finite(over),
+                       vs_best_fixed_ci=[finite(x) for x in ci] if ci else None)
+        rows.append(row)
     sys.stdout.flush()
     return rows
 
@@ -166,13 +190,20 @@ def median_ttt(ttts: list[float | None]) -> float | None:
 def write(out: Path, rows: list[dict]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(rows, indent=1))
-    lines = ["| data | optim | p | m | target | method | ttt (s, median) | vs sync | async frac | switches |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| data | optim | p | m | target | method | ttt (s, median) | vs sync | vs best fixed [95% CI] | "
+             "async frac | switches |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ttt = f"{r['ttt_median']:.2f}" if r["ttt_median"] is not None else f"not reached (best {r['best_ppl']:.1f})"
         ratio = f"{r['ratio_to_sync']:.3f}" if r["ratio_to_sync"] else "-"
+        vs = "-"
+        if r.get("best_fixed"):
+            ci = r.get("vs_best_fixed_ci")
+            ci = " " + fmt_ci(tuple(math.inf if x is None else x for x in ci)) if ci else ""
+            vs = (f"{r['vs_best_fixed']:.3f}{ci} of {r['best_fixed']}" if r.get("vs_best_fixed")
+                  else f"not reached, or {r['best_fixed']} not{ci}")
         lines.append(f"| {r['data']} | {r['optim']} | {r['stages']} | {r['microbatches']} | {r['target_ppl']:.2f} | "
-                     f"{r['method']} | {ttt} | {ratio} | {r['async_fraction']:.2f} | {r['switches']:.0f} |")
+                     f"{r['method']} | {ttt} | {ratio} | {vs} | {r['async_fraction']:.2f} | {r['switches']:.0f} |")
     (out / "results.md").write_text("\n".join(lines) + "\n")
 
 

@@ -291,6 +291,7 @@ def test_report_medians_spreads_speedups_and_unreached_targets(tmp_path):
     assert "`p2_b4_async_s2`: best val ppl 12.5 > target 10" in md and "`p4_b4_async_s0`: missing" in md
     assert "Runs that did not reach the late target" in md and "best validation perplexity sync" in md
     assert "pipeline clock" in md
+    assert "In brackets the 95% bootstrap interval over seeds" in md and "10000 times" in md and "{" not in md
     with open(tmp_path / "results.csv") as f:
         rows = {r["cell"]: r for r in csv.DictReader(f)}
     assert len(rows) == 18

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .bootstrap import LEVEL, fmt_ci, speedup_ci, within_noise
+from .bootstrap import LEVEL, RESAMPLES, fmt_ci, speedup_ci, within_noise
 from .results import PREFIX, MethodStats, Spread, clock_label, speedup
 
 NOT_REACHED = "n.r."
@@ -86,8 +86,9 @@ def render(state: dict, rows: list[dict], stats: dict[str, dict]) -> str:
              "(infinitely slow), never as dropped. Steps-to-target is the statistical efficiency (what an update is "
              "worth), time-to-target the product of it and the hardware efficiency (what a user waits for). "
              f"Speedup of {compare} over X = median(X) / median({compare}); >=x or <=x: a bound, where most seeds of one "
-             "of the two did not reach the target (their time counted as the time they ran for). In brackets the {pct} bootstrap interval over seeds (each method's seeds "
-             "resampled with replacement, 10000 times, seeded); a speedup whose interval includes 1 is *within "
+             "of the two did not reach the target (their time counted as the time they ran for). "
+             f"In brackets the {pct} bootstrap interval over seeds (each method's seeds "
+             f"resampled with replacement, {RESAMPLES} times, seeded); a speedup whose interval includes 1 is *within "
              "noise*.", ""]
     lines += [f"- {_target_sentence(state, which)}" for which in stats] + [""]
     profiles = state.get("profiles") or {}

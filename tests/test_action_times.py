@@ -48,21 +48,32 @@ def test_no_window_no_table():
     assert times.window() is None  # one report: no step between
 
 
-def test_in_run_profile_scales_each_stage_and_kind_by_the_run_over_the_charge():
-    prof = CostProfile([1.0, 0.5], [2.0, 1.0], [0.1, 0.2], copy=[0.01, 0.02], accumulate=[0.03, 0.04])
+def test_in_run_profile_charges_each_stage_and_kind_what_the_run_took():
+    prof = CostProfile([1.0, 0.5], [2.0, 1.0], [0.1, 0.2], copy=[0.01, 0.02], accumulate=[0.03, 0.04],
+                       data=[0.5, 0.0])
+    # profiled_s as action_table writes it: the kind's cost plus the extra work per action
     table = {"actions": [
-        {"rank": 0, "stage": 0, "kind": "F", "count": 4, "run_s": 2.0, "profiled_s": 1.0},  # 2x
-        {"rank": 0, "stage": 0, "kind": "B", "count": 4, "run_s": 2.0, "profiled_s": 2.0},  # 1x
-        # stage 1 on two ranks (replicas): backward 10 x 1.5 and 30 x 1.0 against 40 x 1.0 charged
-        {"rank": 1, "stage": 1, "kind": "B", "count": 10, "run_s": 1.5, "profiled_s": 1.0},
-        {"rank": 2, "stage": 1, "kind": "B", "count": 30, "run_s": 1.0, "profiled_s": 1.0},
-        {"rank": 1, "stage": 1, "kind": "U", "count": 1, "run_s": 0.9, "profiled_s": 0.0},  # no charge: left as is
+        # stage 0: forwards at 2x with a batch made at one in four, backwards at 1x with accumulations
+        {"rank": 0, "stage": 0, "kind": "F", "count": 4, "run_s": 2.25, "profiled_s": 1.125, "data": 0.25},
+        {"rank": 0, "stage": 0, "kind": "B", "count": 4, "run_s": 2.0225, "profiled_s": 2.0225, "accumulate": 0.75},
+        # stage 1 on two ranks (replicas), backwards recomputing their forward (weights=latest) and copying
+        {"rank": 1, "stage": 1, "kind": "B", "count": 10, "run_s": 2.4, "profiled_s": 1.52, "recompute": 1, "copy": 1},
+        {"rank": 2, "stage": 1, "kind": "B", "count": 30, "run_s": 1.6, "profiled_s": 1.52, "recompute": 1, "copy": 1},
+        {"rank": 1, "stage": 1, "kind": "F", "count": 40, "run_s": 0.6, "profiled_s": 0.5},
+        {"rank": 1, "stage": 1, "kind": "U", "count": 1, "run_s": 0.9, "profiled_s": 0.0},  # charged nothing, took 0.9
     ], "ranks": []}
     got = in_run_profile(table, prof)
-    assert got.forward == pytest.approx([2.0, 0.5]) and got.backward == pytest.approx([2.0, 1.0 * 45 / 40])
-    assert got.update == pytest.approx([0.1, 0.2])
-    # extra work at the stage's ratio over all its actions: stage 0 (8 + 8) / (4 + 8), stage 1 45 / 40
-    assert got.copy == pytest.approx([0.01 * 16 / 12, 0.02 * 45 / 40])
-    assert got.accumulate == pytest.approx([0.03 * 16 / 12, 0.04 * 45 / 40])
+    for s in (0, 1):
+        for kind in ("F", "B", "U"):
+            rows = [r for r in table["actions"] if r["stage"] == s and r["kind"] == kind]
+            work = lambda r: {k: r.get(k, 0) for k in ("copy", "predict", "recompute", "accumulate", "data")}  # noqa: E731
+            charged = sum(r["count"] * got.cost(s, kind, work(r)) for r in rows)
+            assert charged == pytest.approx(sum(r["count"] * r["run_s"] for r in rows)), (s, kind)
+    # extra work at the stage's run / charged over all its actions: stage 0 17.09 / 12.59
+    ratio0 = (4 * 2.25 + 4 * 2.0225) / (4 * 1.125 + 4 * 2.0225)
+    assert got.data[0] == pytest.approx(0.5 * ratio0) and got.accumulate[0] == pytest.approx(0.03 * ratio0)
+    assert got.forward[0] == pytest.approx(2.25 - 0.25 * 0.5 * ratio0)
+    assert got.update == pytest.approx([0.1, 0.9])  # stage 0 did no update in the window: kept
     assert prof.forward == [1.0, 0.5] and prof.copy == [0.01, 0.02]  # the run's profile itself is left alone
     assert "in_run" in got.meta and "in_run" not in prof.meta
+    assert in_run_profile({"actions": [], "ranks": []}, prof) is None

@@ -128,30 +128,39 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
 FIELD = {FORWARD: "forward", BACKWARD: "backward", INPUT: "input", WEIGHT: "weight", UPDATE: "update"}
 
 
-def in_run_profile(table: dict, profile: CostProfile) -> CostProfile:
+def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
     """``profile`` with each stage's costs as the run's actions took them (a diagnostic: what the
     simulator predicts when it is given the steady steps' own costs, so that its remaining gap to
-    the measured step is the schedule's timing, not the costs'): a kind's cost at a stage times
-    that stage's ``run_s / profiled_s`` for the kind (kept where the run did none), and the extra
-    work (copy, predict, accumulate, data) times the stage's ratio over all its actions. A stage
-    on several ranks (replicas) takes the ratio of their sums."""
+    the measured step is the schedule's timing, the link and the loop, not the costs); None when
+    the table has no action of a kind the clock charges.
+
+    The run times whole actions, not the extra work inside them (copies, predictions,
+    accumulations, batches made, recomputed forwards), so that part is an assumption: a stage's
+    extra work is scaled by the stage's run over charged time over all its actions. Each kind's
+    own cost at a stage is then what makes the profile charge exactly the run's time for that
+    stage's actions of that kind (summed over ranks, with replicas): ``(sum n run_s - the extra
+    work at the scaled costs) / sum n``, at least 0; forwards first, so that a recomputed forward
+    costs the new forward. A kind the run did not do at a stage keeps its cost."""
+    rows = [r for r in table.get("actions", []) if r["kind"] in FIELD and r["count"] > 0]
+    if not rows:
+        return None
     prof = copy.deepcopy(profile)
-    run, charged = {}, {}
-    for r in table["actions"]:
-        if not r.get("profiled_s"):
-            continue
-        key = (r["stage"], r["kind"])
-        run[key] = run.get(key, 0.0) + r["count"] * r["run_s"]
-        charged[key] = charged.get(key, 0.0) + r["count"] * r["profiled_s"]
     for s in range(prof.stages):
-        mine = [k for k in run if k[0] == s]
-        for (_, kind) in mine:
-            getattr(prof, FIELD[kind])[s] *= run[(s, kind)] / charged[(s, kind)]
-        if mine:
-            ratio = sum(run[k] for k in mine) / sum(charged[k] for k in mine)
+        mine = [r for r in rows if r["stage"] == s]
+        charged = sum(r["count"] * r.get("profiled_s", 0.0) for r in mine)
+        if mine and charged > 0:
+            ratio = sum(r["count"] * r["run_s"] for r in mine) / charged
             for name in ("copy", "predict", "accumulate", "data"):
                 getattr(prof, name)[s] *= ratio
-    prof.meta = {**prof.meta, "in_run": "costs scaled to the run's steady actions (runtime.action_times.in_run_profile)"}
+        for kind in TIMED:  # (FORWARD first: a recompute in a backward costs the new forward)
+            of_kind = [r for r in mine if r["kind"] == kind]
+            if not of_kind:
+                continue
+            n = sum(r["count"] for r in of_kind)
+            extra = sum(r["count"] * (prof.cost(s, kind, {k: r.get(k, 0) for k in WORK}) - prof.cost(s, kind))
+                        for r in of_kind)
+            getattr(prof, FIELD[kind])[s] = max(0.0, (sum(r["count"] * r["run_s"] for r in of_kind) - extra) / n)
+    prof.meta = {**prof.meta, "in_run": "costs from the run's steady actions (runtime.action_times.in_run_profile)"}
     return prof
 
 

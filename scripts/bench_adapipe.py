@@ -164,10 +164,9 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
         sw = statistics.median(r["summary"]["switches"] for r in runs)
         shown = f"{med:.2f}" if med is not None else f"n/r({best:.1f})"
         print(f"  {name:<22} {shown:>10} {spread:>17} {(f'{ratio:.3f}' if ratio else '-'):>8} {af:>10.2f} {sw:>8.1f}")
-        row = {"cell": cell, "data": data, "optim": optim, "stages": p, "microbatches": m, "target_ppl": target,
-               "method": name, "ttt_median": med, "ttt_all": ttts, "ratio_to_sync": ratio, "best_ppl": best,
-               "async_fraction": af, "switches": sw, "reached": len(reached), "runs": len(runs)}
-        rows.append(row)
+        rows.append({"cell": cell, "data": data, "optim": optim, "stages": p, "microbatches": m, "target_ppl": target,
+                     "method": name, "ttt_median": med, "ttt_all": ttts, "ratio_to_sync": ratio, "best_ppl": best,
+                     "async_fraction": af, "switches": sw, "reached": len(reached), "runs": len(runs)})
     sys.stdout.flush()
     return against_best_fixed(rows)
 

@@ -95,9 +95,10 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     link = LinkModel.choose(0.0, 0.0, prof)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
     table = json.loads((out / "summary.json").read_text())["action_times"]
+    spec = schedule_choice(cfg).spec
 
     def predict(costs: CostProfile) -> float:
-        sim = simulate(schedule_choice(cfg).spec, plan, costs, link, record=False,
+        sim = simulate(spec, plan, costs, link, record=False,
                        mitigations=list(cfg.schedule.mitigation), allreduce=allreduce)
         return (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
 

@@ -26,7 +26,7 @@ import copy
 import time
 
 from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT
-from ..simulator.clock import CostProfile
+from ..simulator.clock import EXTRA_WORK, CostProfile
 
 TIMED = (FORWARD, BACKWARD, INPUT, WEIGHT, UPDATE)  # the kinds the clock charges
 WORK = ("copy", "predict", "recompute", "accumulate", "data")  # the ledger's extra work, in that order
@@ -150,7 +150,7 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
         charged = sum(r["count"] * r.get("profiled_s", 0.0) for r in mine)
         if mine and charged > 0:
             ratio = sum(r["count"] * r["run_s"] for r in mine) / charged
-            for name in ("copy", "predict", "accumulate", "data"):
+            for name in EXTRA_WORK:
                 getattr(prof, name)[s] *= ratio
         for kind in TIMED:  # (FORWARD first: a recompute in a backward costs the new forward)
             of_kind = [r for r in mine if r["kind"] == kind]

@@ -2,8 +2,11 @@
 
 For every cell (data, optimizer, depth p, microbatches m) the script
 
-1. runs sync 1F1B for ``--steps`` steps (seed 0 first: its measured cost profile becomes the
-   cell's one clock, reused by every other run of the cell through ``pipeline.profile``);
+0. measures every cell's cost profile first, one after another with nothing else running (the
+   cell's ``profile.json``, measured as a run measures its own; an existing one is reused): each
+   is the cell's one clock, given to every run of the cell through ``pipeline.profile``, so work
+   started on the machine after these first minutes slows the runs but cannot change their times;
+1. runs sync 1F1B for ``--steps`` steps;
 2. fixes the cell's target before any other method runs: the validation perplexity that sync
    reaches (median over seeds) at ``--target-at`` of its steps;
 3. runs sync ZB-H1 (``sync-zb``: 1F1B's numbers with a smaller bubble, the strongest sync
@@ -121,6 +124,10 @@ def main() -> None:
     out = Path(args.out)
     rows = []
     t0 = time.time()
+    cells = [(data, optim, p, m) for data in args.data for optim in args.optims for p in args.depths for m in args.micro]
+    for cell in cells:  # every clock first, on a quiet machine (nothing else of this script runs yet)
+        measure_cell_profile(out, args, *cell)
+    print(f"{len(cells)} cost profiles ready ({time.time() - t0:.0f}s); the runs can share the machine from now on")
     with ProcessPoolExecutor(args.jobs) as pool:
         for data in args.data:
             for optim in args.optims:
@@ -131,18 +138,34 @@ def main() -> None:
     print(f"\nwrote {out / 'results.md'} and results.json ({time.time() - t0:.0f}s)")
 
 
-def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0: float) -> list[dict]:
-    cell = f"{data}_{optim}_p{p}_m{m}"
-    base = [f"model={args.model}", *DATA[data], f"optim={optim}", "optim.decay=constant", f"pipeline.stages={p}",
+def cell_overrides(args, data: str, optim: str, p: int, m: int) -> list[str]:
+    """The overrides every run of the cell shares."""
+    return [f"model={args.model}", *DATA[data], f"optim={optim}", "optim.decay=constant", f"pipeline.stages={p}",
             f"pipeline.microbatches={m}", f"train.batch_size={args.micro_size * m}", f"train.max_steps={args.steps}",
             f"train.eval_every={max(1, args.steps // 30)}", "pipeline.threads=1", "pipeline.profile_reps=20",
             "train.progress=off"]
+
+
+def measure_cell_profile(out: Path, args, data: str, optim: str, p: int, m: int) -> Path:
+    """The cell's cost profile (``OUT/CELL/profile.json``), measured in this process unless it exists."""
+    path = out / f"{data}_{optim}_p{p}_m{m}" / "profile.json"
+    if not path.is_file():
+        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+        from adapipe_cli.cli.compose import compose_config
+        from adapipe_cli.sweep.profile import measure_depth_profile
+
+        measure_depth_profile(compose_config(cell_overrides(args, data, optim, p, m)), path)
+        print(f"  profile {path}", flush=True)
+    return path
+
+
+def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0: float) -> list[dict]:
+    cell = f"{data}_{optim}_p{p}_m{m}"
+    base = cell_overrides(args, data, optim, p, m)
     ms = methods(p, m, [f"train.max_steps={int(args.budget * args.steps)}", "train.stop_at_target=true"])
-    first = run_one((str(out / cell / "sync_s0"), base + ms["sync"] + ["seed=0"]))
-    profile = str(Path(first["dir"]) / "profile.json")
-    shared = base + [f"pipeline.profile={profile}"]
-    jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in range(1, args.seeds)]
-    sync_runs = [first] + list(pool.map(run_one, jobs))
+    shared = base + [f"pipeline.profile={measure_cell_profile(out, args, data, optim, p, m)}"]
+    jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in range(args.seeds)]
+    sync_runs = list(pool.map(run_one, jobs))
     target = statistics.median(ppl_at(r["evals"], args.target_at) for r in sync_runs)
     jobs = [(str(out / cell / f"{name}_s{s}"), shared + ov + [f"seed={s}", f"train.target_ppl={target!r}"])
             for name, ov in ms.items() if name != "sync" for s in range(args.seeds)]

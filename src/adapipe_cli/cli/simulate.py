@@ -69,6 +69,7 @@ def prepare(cfg) -> Setup:
     from ..schedules import Plan, ScheduleError
     from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
     from ..schedules.choice import schedule_choice
+    from ..train.build import pick_sync
 
     p, s = cfg.pipeline, cfg.schedule
     _need(p.stages >= 1, f"pipeline.stages must be at least 1 (got {p.stages})")
@@ -87,7 +88,8 @@ def prepare(cfg) -> Setup:
         _need(cfg[key] >= 0, f"{key} must be >= 0 (got {cfg[key]})")
     _need(p.link_latency_s >= 0 and p.link_bandwidth >= 0,
           "pipeline.link_latency_s and pipeline.link_bandwidth must be >= 0 (bandwidth 0 means infinite)")
-    spec = schedule_choice(cfg).spec
+    choice = schedule_choice(cfg)
+    spec = choice.spec
     try:
         spec.check()
     except ScheduleError as e:
@@ -103,8 +105,9 @@ def prepare(cfg) -> Setup:
         profile = CostProfile.uniform(n, cfg["forward"] / v, cfg["backward"] / v, cfg["update"] / v, cfg["act_bytes"])
         source = "uniform"
     steps = cfg.steps
-    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, LinkModel.choose(p.link_latency_s, p.link_bandwidth, profile), source,
-                 AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s),
+    link, allreduce = LinkModel.choose(p.link_latency_s, p.link_bandwidth, profile), AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
+    spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec  # (schedule.sync=auto: from the profile)
+    return Setup(spec, Plan(steps, phases(cfg, steps)), profile, link, source, allreduce,
                  [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None)
 
 
@@ -218,7 +221,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
 
     setup = prepare(cfg)
     spec, name = setup.spec, cfg.schedule.name
-    shown = method_label(cfg)  # (names AdaPipe's sync and async schedules: adapipe-fixed(zbh1/pipedream+predict))
+    shown = method_label(cfg, spec.sync)  # (names AdaPipe's sync and async schedules: adapipe-fixed(zbh1/pipedream+predict))
     actions = setup.plan.max_steps * spec.virtual_stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
     res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation),

@@ -14,7 +14,9 @@ from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
 
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "interleaved", "pipedream", "2bw", "adapipe")
-ADAPIPE_SYNC = SYNC_SCHEDULES  # AdaPipe's sync phase (interleaved: its placement in both phases)
+# AdaPipe's sync phase (interleaved: its placement in both phases; auto: 1F1B or ZB-H1, whichever the
+# run's profile makes faster, schedules/choice.py)
+ADAPIPE_SYNC = (*SYNC_SCHEDULES, "auto")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")

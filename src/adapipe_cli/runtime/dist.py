@@ -218,7 +218,8 @@ class DistRuntime:
                                 "threads": threads, "run_dir": str(spec.run_dir), "start": self.start,
                                 "parts": self._parts(*resume) if resume else None,
                                 "measure": spec.profile is None, "signal_rows": spec.signal_rows,
-                                "snapshots_kept": spec.snapshots_kept})
+                                "snapshots_kept": spec.snapshots_kept,
+                                "sync": spec.schedule.sync if spec.schedule else None})  # (schedule.sync=auto: the pick)
         self.collector = Collector(self.board)
         atexit.register(self._shutdown)  # when close() is never called
         try:

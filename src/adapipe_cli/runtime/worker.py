@@ -84,7 +84,7 @@ import copy
 import os
 import resource
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
@@ -242,6 +242,8 @@ class Worker:
         data = build_data(cfg.data, cfg.model.block_size, cfg.seed)
         gcfg = model_config(cfg, data.vocab_size)
         choice = schedule_choice(cfg)
+        if choice.auto:  # schedule.sync=auto: the sync schedule the driver picked from the profile
+            choice = replace(choice, spec=replace(choice.spec, sync=spec.get("sync") or choice.spec.sync))
         eval_steps = set(spec["eval_steps"])
         self.eval_at = eval_steps.__contains__
         self.plan = BoardPlan(cfg.train.max_steps, board, status)

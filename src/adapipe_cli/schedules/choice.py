@@ -11,10 +11,18 @@ from .mitigations import UpdatePolicy
 from .program import SYNC_SCHEDULES, ScheduleSpec
 
 
+# ``schedule.sync=auto`` (adapipe): the faster of these on the run's cost profile. They compute the
+# same gradients and updates (ZB-H1 splits 1F1B's backward into its input and weight parts and
+# moves the weight part into the bubble), so the pick changes the clock, never the numbers.
+AUTO_SYNC = ("1f1b", "zbh1")
+
+
 @dataclass
 class ScheduleChoice:
     spec: ScheduleSpec
     phase: str | None  # the one phase of a plain schedule; None for adapipe
+    # schedule.sync=auto: the spec's sync is ZB-H1 until :func:`..train.build.pick_sync` has the profile
+    auto: bool = False
 
 
 def schedule_choice(cfg) -> ScheduleChoice:
@@ -28,7 +36,9 @@ def schedule_choice(cfg) -> ScheduleChoice:
     if name == "2bw":
         return ScheduleChoice(ScheduleSpec(p, m, "1f1b", "2bw", chunks=v), ASYNC)
     weights = "2bw" if s["async"] == "2bw" else s.weights
-    return ScheduleChoice(ScheduleSpec(p, m, s.sync, weights, barrier=update_barrier(cfg, s.sync), chunks=v), None)
+    auto = s.sync == "auto"
+    sync = "zbh1" if auto else s.sync
+    return ScheduleChoice(ScheduleSpec(p, m, sync, weights, barrier=update_barrier(cfg, sync), chunks=v), None, auto)
 
 
 def chunks(cfg) -> int:

@@ -8,13 +8,30 @@ from __future__ import annotations
 from .. import checkpoint
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..schedules import lookahead
-from ..schedules.choice import ScheduleChoice, chunks
+from ..schedules.choice import AUTO_SYNC, ScheduleChoice, chunks
 
 
 def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
     if choice.phase is not None:
         return Constant(choice.phase, ctx)
     return build_heuristic(cfg.heuristic, ctx)
+
+
+def pick_sync(choice: ScheduleChoice, profile, link, mitigations, allreduce=None) -> ScheduleChoice:
+    """``schedule.sync=auto``: ``choice`` with the sync schedule of :data:`AUTO_SYNC` whose steady
+    step the simulator predicts fastest on ``profile`` (1F1B on a tie: no split backward); any other
+    choice as it is. On a CPU where the split backward's input and weight parts cost more than
+    the whole backward, ZB-H1's smaller bubble can lose to 1F1B; only the profile tells."""
+    from dataclasses import replace
+
+    from ..simulator.simulate import steady_step_times
+
+    if not choice.auto:
+        return choice
+    step = {name: steady_step_times(replace(choice.spec, sync=name), profile, link, list(mitigations), allreduce)[0]
+            for name in AUTO_SYNC}
+    best = min(AUTO_SYNC, key=lambda name: step[name])  # (min keeps the first of equals: 1f1b)
+    return replace(choice, spec=replace(choice.spec, sync=best))
 
 
 def clock_mode(cfg, runtime: str) -> str:

@@ -45,7 +45,7 @@ class Trainer(RunSetup, RunStates, Rollback):
         except BaseException:  # (wandb refused to start: the dist runtime's workers must still stop)
             rt.close()
             raise
-        self.console.say(first_line(cfg, rt, self.clock, self.device, self.data.describe()))
+        self.console.say(first_line(cfg, rt, self.clock, self.device, self.data.describe(), self.choice.spec.sync))
         self.wall0 = time.perf_counter()
         progress = Progress(t.max_steps, t.progress, self.console)
         try:
@@ -94,13 +94,13 @@ class Trainer(RunSetup, RunStates, Rollback):
             rt.close()  # (before the summary: a dist worker's peak memory counts its final evaluation and checkpoint)
             summary = run_summary(cfg, self.log.records, self.st.evals, self.st, wall, runtime=rt,
                                   clock=self.clock, device=self.device, phase=self.choice.phase, ctx=self.ctx,
-                                  min_ppl=getattr(self.data, "min_ppl", None))
+                                  min_ppl=getattr(self.data, "min_ppl", None), sync=self.choice.spec.sync)
             self.log.summary(summary)
         finally:
             progress.close()
             rt.close()
             self.log.close()
-        plot_run(cfg, self.clock, self.log.records, self.dir)
+        plot_run(cfg, self.clock, self.log.records, self.dir, self.choice.spec.sync)
         self.console.say(final_line(summary))
         return summary
 

@@ -139,6 +139,7 @@ class RunSetup:
         given = self._given_profile()
         self.profile = self._use_profile(given or measure_stage_profile(cfg, self.stages, *self.batches(0, 0), self.data))
         self.link = LinkModel.choose(p.link_latency_s, p.link_bandwidth, self.profile)  # (a dist run's, if given)
+        self.choice = build.pick_sync(self.choice, self.profile, self.link, cfg.schedule.mitigation, self.allreduce)
         self.val = [(x.to(self.device), y.to(self.device)) for x, y in self.data.val_batches(self.micro)]
         policy = make_policy(cfg, self.plan)
         return LocalRuntime(
@@ -166,6 +167,11 @@ class RunSetup:
         given = self._given_profile()
         if given is not None:
             self._use_profile(given)  # (a refused resume starts no worker)
+            link = LinkModel.choose(self.cfg.pipeline.link_latency_s, self.cfg.pipeline.link_bandwidth, given)
+            self.choice = build.pick_sync(self.choice, given, link, self.cfg.schedule.mitigation, self.allreduce)
+        elif self.choice.auto:  # (the workers measure the profile after they are given the schedule)
+            raise ConfigError("schedule.sync=auto on pipeline.runtime=dist picks the sync phase from a profile before the "
+                              "workers start: give pipeline.profile=FILE (adapipe profile ...), or schedule.sync=zbh1 or 1f1b")
         spec = RunSpec(self.cfg, self.plan, self.eval_at, self.dir, self.resume, schedule=self.choice.spec,
                        link=self.link, profile=given, clock=self.clock,
                        signal_rows=self.signal_rows() if self.signal else None,

@@ -30,27 +30,31 @@ def async_label(schedule) -> str:
     return name + (f"-v{v}" if v > 1 else "") + "".join(f"+{x}" for x in s.mitigation)
 
 
-def method_label(cfg) -> str:
+def method_label(cfg, sync: str | None = None) -> str:
     """What a run is, in the field's names, wherever it shows (run log, summary.json, plots):
     ``1f1b``, ``gpipe``, ``pipedream``, ``2bw+predict``, ``adapipe-goodput(zbh1/pipedream+predict)``
     (AdaPipe: its heuristic, then the sync and async schedules it switches between;
     ``adapipe-fixed(interleaved-v2/pipedream-v2)``: interleaved 1F1B with 2 chunks per device and
-    PipeDream over the same ``2p`` virtual stages)."""
+    PipeDream over the same ``2p`` virtual stages; ``adapipe-gain(auto:1f1b/pipedream+predict)``:
+    ``schedule.sync=auto`` ran as ``sync``, the run's pick)."""
     s = cfg.schedule
     if s.name in ("pipedream", "2bw"):
         return async_label(s)
     if s.name == "adapipe":
-        return f"adapipe-{cfg.heuristic.name}({sync_label(s)}/{async_label(s)})"
+        return f"adapipe-{cfg.heuristic.name}({sync_label(s, sync)}/{async_label(s)})"
     return s.name
 
 
-def sync_label(schedule) -> str:
-    """AdaPipe's sync schedule: ``schedule.sync``, with its chunks when interleaved (``interleaved-v2``)."""
+def sync_label(schedule, sync: str | None = None) -> str:
+    """AdaPipe's sync schedule: ``schedule.sync``, with its chunks when interleaved (``interleaved-v2``);
+    ``auto:zbh1`` when ``schedule.sync=auto`` ran as ``sync`` (``auto`` before the run has picked)."""
     v = interleaved_chunks(schedule)
+    if schedule.sync == "auto":
+        return f"auto:{sync}" if sync and sync != "auto" else "auto"
     return schedule.sync + (f"-v{v}" if v > 1 else "")
 
 
-def first_line(cfg, runtime: Runtime, clock: str, device, data: str) -> str:
+def first_line(cfg, runtime: Runtime, clock: str, device, data: str, sync: str | None = None) -> str:
     """``adapipe: runtime=local backend=none clock=pipeline (profiled) device=cpu ... data=...``"""
     rt, t = runtime, cfg.train
     return (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
@@ -58,7 +62,7 @@ def first_line(cfg, runtime: Runtime, clock: str, device, data: str) -> str:
             + (f"device={device} " if rt.name == "local" else "") + f"precision={t.precision} "
             f"stages={cfg.pipeline.stages} microbatches={cfg.pipeline.microbatches} "
             + (f"replicas={cfg.pipeline.replicas} " if cfg.pipeline.replicas > 1 else "") +
-            f"schedule={method_label(cfg)} model={cfg.model.name} data={data}")
+            f"schedule={method_label(cfg, sync)} model={cfg.model.name} data={data}")
 
 
 def step_record(r: StepResult, time_s: float, tokens: int, wall: float) -> dict:
@@ -71,7 +75,7 @@ def step_record(r: StepResult, time_s: float, tokens: int, wall: float) -> dict:
 
 
 def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall: float, *, runtime: Runtime,
-                clock: str, device, phase: str | None, ctx, min_ppl: float | None) -> dict:
+                clock: str, device, phase: str | None, ctx, min_ppl: float | None, sync: str | None = None) -> dict:
     """``summary.json`` of a finished run: ``records`` and ``evals`` as written to ``metrics.jsonl``,
     ``st`` the loop's final state, ``phase`` a plain schedule's one phase (None: adapipe), ``ctx`` the
     heuristic's context (its predicted step times); time in a phase is the sum of its steps'
@@ -90,9 +94,9 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     state = {"steps": st.steps, "tokens": st.tokens, "stopped": st.stopped}
     total = st.time_s
     return {
-        "method": method_label(cfg), "schedule": cfg.schedule.name,
+        "method": method_label(cfg, sync), "schedule": cfg.schedule.name,
         # the schedule each phase ran as (adapipe: both; a plain schedule: its one phase)
-        "phase_schedules": {"sync": sync_label(cfg.schedule) if cfg.schedule.name == "adapipe" else
+        "phase_schedules": {"sync": sync_label(cfg.schedule, sync) if cfg.schedule.name == "adapipe" else
                             (cfg.schedule.name if phase == SYNC else None),
                             "async": async_label(cfg.schedule) if phase != SYNC else None},
         "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
@@ -131,9 +135,9 @@ def final_line(summary: dict) -> str:
             f"({summary['time_s']:.2f}s {summary['clock']} time{target})")
 
 
-def plot_run(cfg, clock: str, records: list[dict], folder: Path) -> None:
+def plot_run(cfg, clock: str, records: list[dict], folder: Path, sync: str | None = None) -> None:
     """``curves.png`` and ``phases.png`` (one span if no switch) of a run in ``folder``."""
-    title = f"{method_label(cfg)}, p={cfg.pipeline.stages}, m={cfg.pipeline.microbatches}"
+    title = f"{method_label(cfg, sync)}, p={cfg.pipeline.stages}, m={cfg.pipeline.microbatches}"
     axis = "wall" if clock == "wall" else f"pipeline-{clock}"
     plot_curves(records, folder / "curves.png", cfg.train.target_ppl, axis, title)
     plot_phases(records, folder / "phases.png", cfg.train.target_ppl, axis, title)

@@ -493,3 +493,26 @@ def test_shared_data_resolves_in_a_train_override(monkeypatch, tmp_path):
     OmegaConf.clear_resolver("adapipe.shared_data")  # as in a fresh `adapipe train`, where no grid was composed
     cfg = compose_config(["data=tinyshakespeare", "data.path=${adapipe.shared_data:tinyshakespeare}"])
     assert cfg.data.path == str(tmp_path / "tinyshakespeare")
+
+
+def test_ttt_plot_bars_span_the_reached_seeds_and_count_the_unreached(tmp_path, monkeypatch):
+    """A seed that did not reach the target has no finite time: the min-max bar spans the seeds that
+    did, and an arrow above it counts the others (before, the bar stopped at the median)."""
+    import matplotlib.axes
+
+    from adapipe_cli.sweep.plots import plot_ttt, whiskers
+    from adapipe_cli.sweep.results import MethodStats, Spread
+
+    assert whiskers([2.0, 3.0, math.inf]) == (2.0, 3.0, 1)
+    assert whiskers([1.0, 4.0, 2.0]) == (1.0, 4.0, 0)
+    stat = lambda times: MethodStats(len(times), len(times), sum(map(math.isfinite, times)), Spread(times, 0.0), Spread(times, 0.0),  # noqa: E731
+                                     1.0, 0.0, 0.0)
+    stats = {(4, 8): {"sync": stat([4.0, 4.0, 4.0, 4.0]), "adapipe": stat([2.0, 3.0, 5.0, math.inf])}}
+    notes, bars = [], []
+    real_annotate, real_bar = matplotlib.axes.Axes.annotate, matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, *a, **k: notes.append(text) or real_annotate(ax, text, *a, **k))
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda ax, x, h, *a, **k: bars.append((h, k.get("yerr"))) or real_bar(ax, x, h, *a, **k))
+    plot_ttt(stats, ["sync", "adapipe"], "sync", "pipeline-profiled", tmp_path / "ttt.png")
+    assert (tmp_path / "ttt.png").is_file() and notes == ["+1 n.r."]
+    h, err = bars[1]  # adapipe: median 4 s of sync's 4 s, whiskers down to 2 s and up to 5 s (the reached seeds)
+    assert h == pytest.approx(1.0) and err[0][0] == pytest.approx(0.5) and err[1][0] == pytest.approx(0.25)

@@ -56,12 +56,20 @@ def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: 
     plt.close(fig)
 
 
+def whiskers(values: list[float]) -> tuple[float, float, int]:
+    """The min and max of the seeds' times that are finite, and how many are not (unreached)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return min(finite), max(finite), len(values) - len(finite)
+
+
 def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list[str], baseline: str, clock: str,
              path: Path, target: str = "early") -> None:
     """Bars of each method's median time-to-target divided by the baseline's median in the same
     setting (baseline = 1, linear axis from 0, so bar heights compare as ratios), min-max over seeds
-    as error bars; a method that did not reach the target is a hatched bar up to the time it ran,
-    labelled n.r. The baseline's own median time is written under each setting."""
+    as error bars (over the seeds that reached it; each that did not is counted in an arrow above
+    the bar, ``+1 n.r.``: its time is unbounded); a method that did not reach the target at the
+    median is a hatched bar up to the time it ran, labelled n.r. The baseline's own median time is
+    written under each setting."""
     keys = [k for k in stats if stats[k][baseline].ok]
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(7.0, 0.45 * len(keys) * len(methods) + 2), 4.6))
@@ -73,9 +81,12 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
             if not s.values:
                 continue
             if s.ok:
-                top = s.max if math.isfinite(s.max) else s.median  # an unreached seed has no bar top
-                err = [[(s.median - s.min) / ref], [(top - s.median) / ref]]
+                low, high, unreached = whiskers(s.values)
+                err = [[(s.median - low) / ref], [(high - s.median) / ref]]
                 ax.bar(x, s.median / ref, width, color=color, yerr=err, capsize=2, label=method if i == 0 else None)
+                if unreached:  # its time is unbounded: an arrow above the reached seeds' bar, with the count
+                    ax.annotate(f"+{unreached} n.r.", (x, high / ref), xytext=(0, 14), textcoords="offset points",
+                                ha="center", fontsize=6, arrowprops={"arrowstyle": "<-", "lw": 0.8})
             else:
                 ax.bar(x, s.lower / ref, width, color="white", edgecolor=color, hatch="//",
                        label=method if i == 0 else None)
@@ -86,7 +97,8 @@ def plot_ttt(stats: dict[tuple[int, int], dict[str, MethodStats]], methods: list
     ax.set_ylim(0, ax.get_ylim()[1] * 1.12)  # room for the n.r. labels
     ax.set_xlabel(f"depth p, batch size b; {baseline}'s median time to target, {clock_label(clock)}", fontsize=9)
     ax.set_ylabel(f"time to target / {baseline}'s (lower is faster)")
-    ax.set_title(f"time to the {target} target perplexity relative to {baseline}\nmedian over seeds, min–max bars",
+    ax.set_title(f"time to the {target} target perplexity relative to {baseline}\nmedian over seeds, min–max bars "
+                 f"over the seeds that reached it",
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)  # outside: never on a bar
     ax.grid(axis="y", alpha=0.3)

@@ -147,8 +147,12 @@ def cell_overrides(args, data: str, optim: str, p: int, m: int) -> list[str]:
 
 
 def measure_cell_profile(out: Path, args, data: str, optim: str, p: int, m: int) -> Path:
-    """The cell's cost profile (``OUT/CELL/profile.json``), measured in this process unless it exists."""
+    """The cell's cost profile (``OUT/CELL/profile.json``), measured in this process unless it exists
+    (an ``--out`` written before the profiles came first keeps its clock: sync seed 0's profile)."""
     path = out / f"{data}_{optim}_p{p}_m{m}" / "profile.json"
+    older = path.parent / "sync_s0" / "profile.json"
+    if not path.is_file() and older.is_file():
+        return older
     if not path.is_file():
         os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
         from adapipe_cli.cli.compose import compose_config

@@ -55,6 +55,7 @@ from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import schedule_choice, virtual_stages  # noqa: E402
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
+from adapipe_cli.train.build import pick_sync  # noqa: E402
 
 SKIP = 5  # steps left out at either end of a run (fewer in a short run: a quarter of it)
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
@@ -95,7 +96,7 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     link = LinkModel.choose(0.0, 0.0, prof)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
     table = json.loads((out / "summary.json").read_text())["action_times"]
-    spec = schedule_choice(cfg).spec
+    spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation, allreduce).spec  # (as the run picked)
 
     def predict(costs: CostProfile) -> float:
         sim = simulate(spec, plan, costs, link, record=False,

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from adapipe_cli.schedules import SYNC, Plan
+from adapipe_cli.schedules import SYNC, Plan, ScheduleSpec
 from adapipe_cli.schedules.choice import schedule_choice
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
 from adapipe_cli.simulator.simulate import simulate
@@ -38,7 +38,7 @@ def test_auto_picks_the_schedule_the_closed_forms_make_faster(m, faster, make_cf
     assert choice.auto
     prof = split_profile()
     for name, step in closed_form(m).items():  # the simulator the pick uses agrees with the paper here
-        spec = choice.spec.__class__(P, m, name, "stash")
+        spec = ScheduleSpec(P, m, name, "stash")
         assert simulate(spec, Plan(3, [SYNC] * 3), prof, record=False).step_time == pytest.approx(step)
     picked = pick_sync(choice, prof, LinkModel(), [])
     assert picked.spec.sync == faster == min(closed_form(m), key=closed_form(m).get)
@@ -52,8 +52,8 @@ def test_a_named_sync_schedule_is_kept(make_cfg):
 
 
 def test_auto_runs_as_its_pick_end_to_end(make_cfg, tmp_path):
-    """At m = 16 the profile makes 1F1B faster: the auto run has the 1F1B run's losses and clock, the
-    ZB-H1 run the same losses on a slower clock, and the summary names the pick."""
+    """At m = 16 the profile makes 1F1B faster: the auto run runs on the 1F1B run's clock, and the
+    summary names the pick. (The losses cannot tell the two apart: 1F1B and ZB-H1 give the same.)"""
     profile = tmp_path / "split.json"
     split_profile().save(profile)
     base = ["schedule=adapipe", "heuristic=gain", f"pipeline.stages={P}", "pipeline.microbatches=16",
@@ -61,12 +61,26 @@ def test_auto_runs_as_its_pick_end_to_end(make_cfg, tmp_path):
     runs = {sync: train(make_cfg(*base, f"schedule.sync={sync}"), tmp_path / sync) for sync in ("auto", "1f1b", "zbh1")}
     evals = {k: [json.loads(x)["val_loss"] for x in (tmp_path / k / "metrics.jsonl").read_text().splitlines()
                  if '"val_loss"' in x] for k in runs}
-    assert evals["auto"] and evals["auto"] == evals["1f1b"]
-    assert evals["zbh1"] == pytest.approx(evals["1f1b"], rel=1e-5)
+    assert evals["auto"] and evals["auto"] == evals["1f1b"] == evals["zbh1"]
     assert runs["auto"]["time_s"] == pytest.approx(runs["1f1b"]["time_s"]) == pytest.approx(4 * 47.5)
     assert runs["zbh1"]["time_s"] == pytest.approx(4 * 51)
     assert runs["auto"]["method"] == "adapipe-gain(auto:1f1b/pipedream+predict)"
-    assert runs["auto"]["phase_schedules"]["sync"] == "auto:1f1b"
+    assert runs["auto"]["phase_schedules"]["sync"] == "auto:1f1b" and runs["auto"]["sync_schedule"] == "1f1b"
+
+
+@pytest.mark.parametrize("m,kinds", [(4, {"F", "B"}), (2, {"F", "I", "W"})])
+def test_the_dist_workers_run_the_pick(m, kinds, make_cfg, tmp_path):
+    """On dist the driver picks from ``pipeline.profile`` and the workers run what it picked: at p = 2
+    the profile makes 1F1B faster at m = 4 (12.5 against 13) and ZB-H1 at m = 2 (7.5 against 7), and
+    the workers' own action times show a whole backward (B) or a split one (I and W)."""
+    profile = tmp_path / "split.json"
+    split_profile(2).save(profile)
+    s = train(make_cfg("schedule=adapipe", "schedule.sync=auto", "heuristic=gain", "pipeline.stages=2", f"pipeline.microbatches={m}",
+                       "train.max_steps=3", "train.eval_every=3", f"pipeline.profile={profile}", "pipeline.runtime=dist",
+                       "pipeline.timeout_s=60"), tmp_path / "run")
+    ran = {row["kind"] for row in s["action_times"]["actions"]}
+    assert s["sync_schedule"] == min(closed_form(m, 2), key=closed_form(m, 2).get)
+    assert kinds <= ran and not ({"B", "I", "W"} - kinds) & ran, ran
 
 
 def test_auto_on_dist_without_a_profile_is_refused_in_one_line(make_cfg, tmp_path):

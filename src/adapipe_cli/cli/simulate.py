@@ -105,8 +105,10 @@ def prepare(cfg) -> Setup:
         profile = CostProfile.uniform(n, cfg["forward"] / v, cfg["backward"] / v, cfg["update"] / v, cfg["act_bytes"])
         source = "uniform"
     steps = cfg.steps
-    link, allreduce = LinkModel.choose(p.link_latency_s, p.link_bandwidth, profile), AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
-    spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec  # (schedule.sync=auto: from the profile)
+    link = LinkModel.choose(p.link_latency_s, p.link_bandwidth, profile)
+    allreduce = AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
+    # schedule.sync=auto: picked on the profile (its all-reduce from the profile's bytes, not grad_bytes)
+    spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec
     return Setup(spec, Plan(steps, phases(cfg, steps)), profile, link, source, allreduce,
                  [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None)
 

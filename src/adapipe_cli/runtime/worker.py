@@ -243,7 +243,7 @@ class Worker:
         gcfg = model_config(cfg, data.vocab_size)
         choice = schedule_choice(cfg)
         if choice.auto:  # schedule.sync=auto: the sync schedule the driver picked from the profile
-            choice = replace(choice, spec=replace(choice.spec, sync=spec.get("sync") or choice.spec.sync))
+            choice = replace(choice, spec=replace(choice.spec, sync=spec["sync"]))
         eval_steps = set(spec["eval_steps"])
         self.eval_at = eval_steps.__contains__
         self.plan = BoardPlan(cfg.train.max_steps, board, status)

@@ -57,7 +57,8 @@ def plot_speedup(stats: dict[tuple[int, int], dict[str, MethodStats]], compare: 
 
 
 def whiskers(values: list[float]) -> tuple[float, float, int]:
-    """The min and max of the seeds' times that are finite, and how many are not (unreached)."""
+    """The min and max of the seeds' times that are finite, and how many are not (unreached); at
+    least one must be finite (the median is, where it is called)."""
     finite = [v for v in values if math.isfinite(v)]
     return min(finite), max(finite), len(values) - len(finite)
 

@@ -5,10 +5,13 @@ profile's label in ``runtime/profile_meta.py``.)"""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from .. import checkpoint
 from ..adaptive.base import Constant, Context, Heuristic, build_heuristic
 from ..schedules import lookahead
 from ..schedules.choice import AUTO_SYNC, ScheduleChoice, chunks
+from ..simulator.simulate import steady_step_times
 
 
 def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
@@ -21,11 +24,8 @@ def pick_sync(choice: ScheduleChoice, profile, link, mitigations, allreduce=None
     """``schedule.sync=auto``: ``choice`` with the sync schedule of :data:`AUTO_SYNC` whose steady
     step the simulator predicts fastest on ``profile`` (1F1B on a tie: no split backward); any other
     choice as it is. On a CPU where the split backward's input and weight parts cost more than
-    the whole backward, ZB-H1's smaller bubble can lose to 1F1B; only the profile tells."""
-    from dataclasses import replace
-
-    from ..simulator.simulate import steady_step_times
-
+    the whole backward, ZB-H1's smaller bubble can lose to 1F1B; only the profile tells. (The
+    all-reduce of replicas is timed from the profile's parameter bytes.)"""
     if not choice.auto:
         return choice
     step = {name: steady_step_times(replace(choice.spec, sync=name), profile, link, list(mitigations), allreduce)[0]

@@ -55,7 +55,8 @@ def sync_label(schedule, sync: str | None = None) -> str:
 
 
 def first_line(cfg, runtime: Runtime, clock: str, device, data: str, sync: str | None = None) -> str:
-    """``adapipe: runtime=local backend=none clock=pipeline (profiled) device=cpu ... data=...``"""
+    """``adapipe: runtime=local backend=none clock=pipeline (profiled) device=cpu ... data=...``;
+    ``sync``: the sync schedule the run picked (``schedule.sync=auto``), as in :func:`method_label`."""
     rt, t = runtime, cfg.train
     return (f"adapipe: runtime={rt.name} backend={rt.backend or 'none'} clock={rt.clock_name} "
             f"({clock}) "
@@ -80,7 +81,8 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     ``st`` the loop's final state, ``phase`` a plain schedule's one phase (None: adapipe), ``ctx`` the
     heuristic's context (its predicted step times); time in a phase is the sum of its steps'
     ``time_s`` increments, ``async_fraction`` = async time / ``time_s``; ``driver_peak_rss_mb`` the
-    peak resident memory of this process so far (the driver; on local it holds every stage)."""
+    peak resident memory of this process so far (the driver; on local it holds every stage); ``sync``
+    the sync schedule the run picked (``schedule.sync=auto``), recorded as ``sync_schedule``."""
     t = cfg.train
     steps = [r for r in records if r.get("kind") == "step"]
     phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
@@ -100,6 +102,7 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
                             (cfg.schedule.name if phase == SYNC else None),
                             "async": async_label(cfg.schedule) if phase != SYNC else None},
         "heuristic": cfg.heuristic.name if cfg.schedule.name == "adapipe" else None,
+        "sync_schedule": sync if cfg.schedule.name == "adapipe" else None,  # (what schedule.sync=auto picked)
         "runtime": runtime.name, "backend": runtime.backend, "clock": runtime.clock_name,
         "clock_mode": clock,
         "device": str(device) if runtime.name == "local" else None, "precision": t.precision,
@@ -136,7 +139,8 @@ def final_line(summary: dict) -> str:
 
 
 def plot_run(cfg, clock: str, records: list[dict], folder: Path, sync: str | None = None) -> None:
-    """``curves.png`` and ``phases.png`` (one span if no switch) of a run in ``folder``."""
+    """``curves.png`` and ``phases.png`` (one span if no switch) of a run in ``folder``; ``sync`` as in
+    :func:`method_label`."""
     title = f"{method_label(cfg, sync)}, p={cfg.pipeline.stages}, m={cfg.pipeline.microbatches}"
     axis = "wall" if clock == "wall" else f"pipeline-{clock}"
     plot_curves(records, folder / "curves.png", cfg.train.target_ppl, axis, title)

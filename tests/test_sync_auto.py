@@ -52,23 +52,23 @@ def test_a_named_sync_schedule_is_kept(make_cfg):
 
 
 def test_auto_runs_as_its_pick_end_to_end(make_cfg, tmp_path):
-    """At m = 16 the profile makes 1F1B faster: the auto run runs on the 1F1B run's clock, and the
+    """At m = 16 the profile makes 1F1B faster: the auto run runs on 1F1B's clock, and the
     summary names the pick. (The losses cannot tell the two apart: 1F1B and ZB-H1 give the same.)"""
     profile = tmp_path / "split.json"
     split_profile().save(profile)
     base = ["schedule=adapipe", "heuristic=gain", f"pipeline.stages={P}", "pipeline.microbatches=16",
             "train.batch_size=16", "train.max_steps=4", "train.eval_every=2", f"pipeline.profile={profile}"]  # (all 4 steps in sync warm-up)
-    runs = {sync: train(make_cfg(*base, f"schedule.sync={sync}"), tmp_path / sync) for sync in ("auto", "1f1b", "zbh1")}
+    runs = {sync: train(make_cfg(*base, f"schedule.sync={sync}"), tmp_path / sync) for sync in ("auto", "zbh1")}
     evals = {k: [json.loads(x)["val_loss"] for x in (tmp_path / k / "metrics.jsonl").read_text().splitlines()
                  if '"val_loss"' in x] for k in runs}
-    assert evals["auto"] and evals["auto"] == evals["1f1b"] == evals["zbh1"]
-    assert runs["auto"]["time_s"] == pytest.approx(runs["1f1b"]["time_s"]) == pytest.approx(4 * 47.5)
+    assert evals["auto"] and evals["auto"] == evals["zbh1"]
+    assert runs["auto"]["time_s"] == pytest.approx(4 * 47.5)  # 1F1B's step, 4 times
     assert runs["zbh1"]["time_s"] == pytest.approx(4 * 51)
     assert runs["auto"]["method"] == "adapipe-gain(auto:1f1b/pipedream+predict)"
     assert runs["auto"]["phase_schedules"]["sync"] == "auto:1f1b" and runs["auto"]["sync_schedule"] == "1f1b"
 
 
-@pytest.mark.parametrize("m,kinds", [(4, {"F", "B"}), (2, {"F", "I", "W"})])
+@pytest.mark.parametrize("m,kinds", [(4, {"F", "B"}), pytest.param(2, {"F", "I", "W"}, marks=pytest.mark.slow)])
 def test_the_dist_workers_run_the_pick(m, kinds, make_cfg, tmp_path):
     """On dist the driver picks from ``pipeline.profile`` and the workers run what it picked: at p = 2
     the profile makes 1F1B faster at m = 4 (12.5 against 13) and ZB-H1 at m = 2 (7.5 against 7), and

@@ -151,15 +151,14 @@ def measure_cell_profile(out: Path, args, data: str, optim: str, p: int, m: int)
     (an ``--out`` written before the profiles came first keeps its clock: sync seed 0's profile)."""
     path = out / f"{data}_{optim}_p{p}_m{m}" / "profile.json"
     older = path.parent / "sync_s0" / "profile.json"
-    if not path.is_file() and older.is_file():
-        return older
-    if not path.is_file():
-        os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        from adapipe_cli.cli.compose import compose_config
-        from adapipe_cli.sweep.profile import measure_depth_profile
+    if path.is_file() or older.is_file():
+        return path if path.is_file() else older
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.sweep.profile import measure_depth_profile
 
-        measure_depth_profile(compose_config(cell_overrides(args, data, optim, p, m)), path)
-        print(f"  profile {path}", flush=True)
+    measure_depth_profile(compose_config(cell_overrides(args, data, optim, p, m)), path)
+    print(f"  profile {path}", flush=True)
     return path
 
 

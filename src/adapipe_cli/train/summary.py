@@ -48,9 +48,9 @@ def method_label(cfg, sync: str | None = None) -> str:
 def sync_label(schedule, sync: str | None = None) -> str:
     """AdaPipe's sync schedule: ``schedule.sync``, with its chunks when interleaved (``interleaved-v2``);
     ``auto:zbh1`` when ``schedule.sync=auto`` ran as ``sync`` (``auto`` before the run has picked)."""
-    v = interleaved_chunks(schedule)
     if schedule.sync == "auto":
-        return f"auto:{sync}" if sync and sync != "auto" else "auto"
+        return f"auto:{sync}" if sync else "auto"
+    v = interleaved_chunks(schedule)
     return schedule.sync + (f"-v{v}" if v > 1 else "")
 
 

@@ -66,6 +66,8 @@ def methods(p: int, m: int, budget: list[str]) -> dict[str, list[str]]:
         "adapipe-rate+predict": ["schedule=adapipe", "heuristic=rate", PREDICT, *budget],
         "adapipe-goodput+predict": ["schedule=adapipe", "heuristic=goodput", PREDICT, *budget],
         "adapipe-gain+predict": ["schedule=adapipe", "heuristic=gain", PREDICT, *budget],
+        # gain whose losing probes of async are undone (heuristic.undo_probes), and so no sync warm-up
+        "adapipe-gain-undo+predict": ["schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true", PREDICT, *budget],
     }
     if m >= p - 1:
         out["2bw+predict"] = ["schedule=2bw", PREDICT, *budget]

@@ -420,3 +420,70 @@ def test_a_restored_heuristic_decides_as_the_original(name):
         d = h.decide(t + LAG)
         assert twin.decide(t + LAG) == d
         phases.append(d.phase)
+
+
+def drive_undoing(h, env: Env, steps: int):
+    """The training loop's protocol with ``heuristic.undo_probes``: a tentative probe decided at u
+    keeps the run after step u - LAG; an undo goes back there (the environment's progress and step,
+    not its clock), drops the phases decided since, rewinds the heuristic and decides u again.
+    Returns the phases of the steps kept (up to a probe still undecided at the end), the (probe's
+    first step, step decided with its undo) pairs and the env."""
+    phases = [h.decide(u).phase for u in range(LAG)]
+    kept, undos, point = None, [], None
+    while env.step < steps:
+        t = env.step
+        h.observe(env.run(phases[t]))
+        d = h.decide(t + LAG)
+        phases.append(d.phase)
+        if d.tentative:
+            point = (t, env.progress)
+        if d.undo is not None:
+            (g, progress), point = point, None
+            assert d.undo == g + LAG  # the probe's first step, decided right after step g
+            undos.append((g + LAG, t + LAG))
+            env.progress, env.step = progress, g + 1
+            del phases[g + LAG:]
+            h.rewind(g)
+            phases.append(h.decide(g + LAG).phase)
+    open_probe = point[0] + LAG if point and h.tentative else steps
+    return phases[:min(steps, open_probe)], undos, env
+
+
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
+def test_a_probe_of_async_that_loses_is_undone(name):
+    """heuristic.undo_probes, async worse (0.6 of sync's progress per second): every probe of async
+    is tentative; those that clearly lose are undone (at least the first two, while the loss still
+    falls steeply), so the steps kept up to the second are sync steps only; the undone probes' time
+    stays on the clock. A later probe near the flat end of the curve may be unclear and kept, as
+    without undo, where every probe's async steps are kept."""
+    kept, undos, env = drive_undoing(heuristic(name, undo_probes=True), Env(**SYNC_WINS), 800)
+    assert len(undos) >= 2 and kept[:undos[1][0]] == ["sync"] * undos[1][0]
+    assert env.t > 800 * SYNC_WINS["time"]["sync"]  # the discarded steps were paid for
+    plain, _ = drive(heuristic(name), Env(**SYNC_WINS), 800)
+    assert kept.count("async") < plain.count("async")
+    if name == "gain":  # (it judges a tentative probe at the end of its leg: every one undone here)
+        assert kept == ["sync"] * len(kept) and len(kept) > 700
+
+
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
+def test_a_probe_of_async_that_wins_is_kept(name):
+    """heuristic.undo_probes, async better (1.6 vs 1 per second): its first probe wins and is kept,
+    nothing is undone, and async is current at the end (its probes of sync aside)."""
+    h = heuristic(name, undo_probes=True)
+    kept, undos, _ = drive_undoing(h, Env(**ASYNC_WINS), 800)
+    assert undos == [] and len(kept) == 800 and h.current == "async" and kept.count("async") > 600
+
+
+def test_undo_probes_drops_the_adam_warm_up_and_a_probe_of_sync_is_not_tentative():
+    """With undo_probes the Adam family's sync warm-up is 0 by default (a losing probe's damage is
+    undone); a probe of sync from async is never tentative (sync steps do no damage)."""
+    cfg = OmegaConf.structured(HeuristicConfig)
+    cfg.name, cfg.start, cfg.undo_probes = "goodput", "async", True
+    ctx = Context(stages=4, microbatches=1, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
+                  async_step_time=0.5, extra={"optimizer": "adamw"})
+    h = build_heuristic(cfg, ctx)
+    assert h.sync_warmup() == 0
+    ds = [h.decide(u) for u in range(400)]
+    assert any(d.phase == "sync" for d in ds) and not any(d.tentative for d in ds)
+    cfg.undo_probes = False
+    assert build_heuristic(cfg, ctx).sync_warmup() == 300

@@ -47,6 +47,12 @@ class Decision(NamedTuple):
     phase: str
     reason: str = ""
     info: dict = {}
+    # a tentative probe (``heuristic.undo_probes``): the loop keeps the run's state from before
+    # this step, so that the probe can be undone
+    tentative: bool = False
+    # undo the tentative probe that began at this step: the run goes back to its state before the
+    # probe (the probe's time stays on the clock), the heuristic keeping what it learnt from it
+    undo: int | None = None
 
 
 class Heuristic:
@@ -57,6 +63,10 @@ class Heuristic:
 
     def observe(self, obs: Observation) -> None:
         """Record one step's measurements."""
+
+    def rewind(self, step: int) -> None:
+        """The run went back to its state after step ``step`` (an undone probe): forget the
+        observations of later steps, which will be made again."""
 
     def decide(self, step: int) -> Decision:
         raise NotImplementedError

@@ -42,7 +42,10 @@ steps before it and those of its own steps observed by then (decisions run ``lag
 of the observations, so the last ``lag`` steps of the leg are not seen yet: 12 of 20 at depth 8
 with one microbatch). If the probed phase wins decisively (at least twice the
 goodput, beyond the confidence), it stays current at once, without the return leg to the current
-phase that an interpolating verdict needs (which costs a round trip of switches). Otherwise the
+phase that an interpolating verdict needs (which costs a round trip of switches). With
+``heuristic.undo_probes`` a probe of async from sync that clearly loses there (sync better beyond
+the margin, significantly) is undone at once: the run
+goes back to its state before the probe, the belief keeping the probe's estimate. Otherwise the
 probe goes on as in ``goodput``.
 """
 
@@ -179,18 +182,23 @@ class Gain(Prober):
 
     def early_verdict(self, step: int, probed: str) -> Decision | None:
         """Judge the probe on the steps before it and its own: adopt the probed phase if it wins
-        decisively, else leave every estimate as it was and go back to the current phase."""
+        decisively; undo a tentative probe of async that clearly loses (``heuristic.undo_probes``:
+        no return leg, the run goes back to before the probe); else leave every estimate as it was and
+        go back to the current phase."""
         window = [o for o in self.history if o.step >= self.probe_start - self.cfg.window]
         saved = self.E, self.var, self.belief_step, list(self.probes), self.switch_steps
         winner, reason, info, clear = self.judge(window, self.current, probed)
-        if winner != probed or clear != DECISIVE:
+        lost = self.lost(winner, clear)
+        if not lost and (winner != probed or clear != DECISIVE):
             self.E, self.var, self.belief_step, self.probes, self.switch_steps = saved
             return None
+        first = self.verdicts == 0
         self.last_estimates, self.verdicts = info, self.verdicts + 1
-        self.current, self.last_winner = winner, winner
-        self.interval = self.next_interval(step, window, winner, True)
+        confirmed = winner == probed or (not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner)))
+        self.current, self.last_winner = winner, winner if clear else None
+        self.interval = self.next_interval(step, window, winner, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
-        return Decision(self.current, f"decisive at the end of the probe: {reason}", info)
+        return self.verdict(winner, f"{'decisive ' if winner == probed else ''}at the end of the probe: {reason}", info, clear)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E, "var": self.var, "belief_step": self.belief_step,

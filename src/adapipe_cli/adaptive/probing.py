@@ -57,6 +57,9 @@ class Prober(Heuristic):
         settled = self.sync_until + (self.settle[ASYNC] if self.sync_until and self.current == ASYNC else 0)
         self.next_probe = max(ctx.lr_warmup, settled) + cfg.window
         self.probe_start = -1
+        # the probe in progress is tentative (heuristic.undo_probes: a probe of async from sync,
+        # undone if async loses)
+        self.tentative = False
         self.last_winner: str | None = None  # the previous clear verdict
         self.verdicts = 0
         self.history: deque[Observation] = deque(maxlen=cfg.window + 2 * cfg.probe_steps + 8 * ctx.lookahead + 24)
@@ -86,10 +89,11 @@ class Prober(Heuristic):
         perplexity 120 and level at 105 (step 1210 both, and ahead on the clock): the damage lasts
         while the delay is long against the steps trained, so the warm-up grows with d. Below d = 3
         it is not measured and stays 300. With Muon async led from the start in every cell of the cpu
-        grid, and its early damage is not measured: no warm-up."""
+        grid, and its early damage is not measured: no warm-up. With ``heuristic.undo_probes`` no
+        warm-up either: a probe of async that loses is undone, its damage with it."""
         if self.cfg.get("sync_warmup") is not None:
             return int(self.cfg.sync_warmup)
-        if self.ctx.extra.get("optimizer") == "muon":
+        if self.ctx.extra.get("optimizer") == "muon" or self.undo_probes():
             return 0
         return round(100 * max(3.0, (self.ctx.stages - 1) / self.ctx.microbatches))
 
@@ -129,6 +133,9 @@ class Prober(Heuristic):
             if step < self.next_probe:
                 return Decision(self.current, "exploit")
             self.mode, self.probe_start = "probe", step
+            self.tentative = probed == ASYNC and self.undo_probes()
+            if self.tentative:
+                return Decision(probed, f"probe {probed} for {self.leg(probed)} steps, undone if it loses", tentative=True)
         if self.mode == "probe":
             if step < self.probe_start + self.leg(probed):
                 return Decision(probed, f"probe {probed} for {self.leg(probed)} steps")
@@ -151,7 +158,28 @@ class Prober(Heuristic):
         self.current, self.last_winner = winner, winner if clear else None
         self.interval = self.next_interval(step, window, winner, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
-        return Decision(self.current, reason, info)
+        return self.verdict(winner, reason, info, clear)
+
+    def verdict(self, winner: str, reason: str, info: dict, clear: int) -> Decision:
+        """The decision a verdict makes: a tentative probe that lost is undone. Lost means sync won,
+        beyond the margin and significantly (an unclear verdict that keeps sync near break-even
+        keeps the probe's steps: they made about as much progress as sync would have)."""
+        undo, self.tentative = self.lost(winner, clear), False
+        if undo:
+            return Decision(winner, f"{reason}; the probe of async undone", info, undo=self.probe_start)
+        return Decision(winner, reason, info)
+
+    def lost(self, winner: str, clear: int) -> bool:
+        """Whether a verdict says the tentative probe in progress lost (:meth:`verdict`)."""
+        return self.tentative and winner == SYNC and clear != UNCLEAR
+
+    def undo_probes(self) -> bool:
+        """``heuristic.undo_probes``: probes of async from sync are tentative, and undone if async loses."""
+        return bool(self.cfg.get("undo_probes", False))
+
+    def rewind(self, step: int) -> None:
+        while self.history and self.history[-1].step > step:
+            self.history.pop()
 
     def next_interval(self, step: int, window: list[Observation], winner: str, confirmed: bool) -> int:
         """Steps from the verdict at ``step`` to the next probe: ``probe_every`` steps of the probed
@@ -197,7 +225,7 @@ class Prober(Heuristic):
 
     def state_dict(self) -> dict:
         return {"current": self.current, "mode": self.mode, "interval": self.interval, "next_probe": self.next_probe,
-                "sync_until": self.sync_until,
+                "sync_until": self.sync_until, "tentative": self.tentative,
                 "last_winner": self.last_winner, "verdicts": self.verdicts,
                 "probe_start": self.probe_start, "history": [o.__dict__ for o in self.history],
                 "last_estimates": self.last_estimates}
@@ -207,6 +235,7 @@ class Prober(Heuristic):
         self.next_probe, self.probe_start = state["next_probe"], state["probe_start"]
         self.sync_until = state.get("sync_until", 0)  # a state saved before the warm-up existed had none
         self.last_winner = state.get("last_winner")
+        self.tentative = state.get("tentative", False)
         self.verdicts = state.get("verdicts", 0)
         self.history.clear()
         self.history.extend(Observation(**o) for o in state["history"])

@@ -131,8 +131,12 @@ class HeuristicConfig:
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # steps in sync before async is run or probed (an async stretch early in training does lasting
-    # damage under AdamW); null: 300 with the Adam family, 0 with Muon
+    # damage under AdamW); null: 100 max(3, (stages - 1) / microbatches) with the Adam family, 0
+    # with Muon or with undo_probes
     sync_warmup: Optional[int] = None
+    # a probe of async from sync is tentative: if async loses, the run goes back to its state
+    # before the probe (its time stays on the clock), so a losing probe leaves no lasting damage
+    undo_probes: bool = False
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
     # after every step (off the clock; on dist each worker runs it after its update), or the training loss (train)
     signal: str = "heldout"

@@ -38,6 +38,9 @@ class Trainer(RunSetup, RunStates, Rollback):
     def run(self) -> dict:
         cfg, t, rt = self.cfg, self.cfg.train, self.runtime
         self.st = RunState()
+        # a tentative probe (heuristic.undo_probes): the step it begins at until the run's state
+        # before it is kept, that state's step while the probe is undecided, the probe to undo
+        self.probe_from = self.probe_point = self.undo_from = None
         resume = self.resume
         try:
             self.log = RunLog(self.dir, cfg.logger, OmegaConf.to_container(cfg, resolve=True),
@@ -76,8 +79,14 @@ class Trainer(RunSetup, RunStates, Rollback):
                 step += 1
                 if checkpoint.due(t, step, start=0):  # (step >= 1 here: never the resumed-from step)
                     self.save_checkpoint()
-                if self.guard.due(step - 1):
+                if self.probe_from is not None:  # the run before a tentative probe, kept to undo it
                     self._keep_snapshot(step - 1)
+                    self.probe_from, self.probe_point = None, step - 1
+                elif self.guard.due(step - 1) and self.probe_point is None:  # (none that would push it out)
+                    self._keep_snapshot(step - 1)
+                if self.undo_from is not None:
+                    step = self._undo_probe()
+                    continue
                 if ev and t.stop_at_target and ev["val_ppl"] <= t.target_ppl:
                     self.st.stopped = "target"
                     break
@@ -138,6 +147,14 @@ class Trainer(RunSetup, RunStates, Rollback):
             d = Decision(SYNC, "divergence guard cooldown")
         else:
             d = self.heuristic.decide(u)
+        if d.tentative:
+            self.probe_from = u
+        elif d.undo is not None and self.probe_point is not None:
+            self.undo_from = d.undo
+        elif d.undo is not None:  # (its state is gone: a rollback or a resume since it began)
+            self.log.write({"kind": "event", "event": "undo_missed", "step": u, "probe_start": d.undo})
+        if not d.tentative and d.undo is None and not getattr(self.heuristic, "tentative", False):
+            self.probe_point = None  # the probe was kept: its state is an ordinary snapshot now
         prev = self.plan.phases[u - 1] if u > 0 else None
         self.runtime.decide(u, d.phase)
         if prev is not None and d.phase != prev:

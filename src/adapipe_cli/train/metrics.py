@@ -86,10 +86,13 @@ class RunLog:
         tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
         os.replace(tmp, self.path)
 
-    def truncate(self, n: int) -> None:
-        """Keep only the first ``n`` records (the divergence guard's rollback)."""
+    def truncate(self, n: int, drop=None) -> None:
+        """Keep only the first ``n`` records (a rollback), less those for which ``drop(record)`` is
+        true (an undone probe's switch)."""
         self._f.close()
         del self.records[n:]
+        if drop is not None:
+            self.records[:] = [r for r in self.records if not drop(r)]
         self._rewrite()
         self._f = open(self.path, "a", buffering=1)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 
+import torch
+
 from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
@@ -34,6 +36,7 @@ class Rollback:
         lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
         run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
         self._load_state(copy.deepcopy(state))
+        self.probe_from = self.probe_point = self.undo_from = None  # (a tentative probe since then is not undone)
         self.st = RunState(**copy.deepcopy(run))
         self.st.offset += lost
         self.st.forced_until = self.plan.decided() + self.guard.cooldown
@@ -42,4 +45,32 @@ class Rollback:
         self.log.write({"kind": "event", "event": "guard", "step": step, "restored_step": good + 1, "reason": reason,
                         "lost_time_s": lost, "sync_until_step": self.st.forced_until})
         self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
+        return good + 1
+
+    def _undo_probe(self) -> int:
+        """Undo the tentative probe that began at step ``undo_from`` (``heuristic.undo_probes``):
+        back to the run's state before it (kept when the probe was decided, ``lag`` steps ahead),
+        with the phases decided then, the metrics written since cut off and the probe's switch
+        dropped; the time spent since stays on the clock. The heuristic keeps what it learnt (only
+        its observations of the discarded steps go) and decides the probe's first step again.
+        Returns the next step."""
+        start, good = self.undo_from, self.probe_point
+        self.undo_from = self.probe_point = None
+        kept = self.guard.restore_point(good + 1 + self.lag, self.lag)  # (no snapshot is kept after it)
+        assert kept is not None and kept[0] == good, (kept and kept[0], good)
+        state = copy.deepcopy(kept[1])
+        tr = state["trainer"]
+        lost = self.st.time_s - tr["run"]["time_s"]
+        self.plan.phases[:] = tr["phases"][:start]  # (the probe's first step was decided with the snapshot)
+        self.guard.load_state_dict(tr["guard"])
+        torch.set_rng_state(tr["rng"])
+        self.runtime.load_state_dict(state["pipeline"])
+        self.st = RunState(**dict(tr["run"], wall_before=self.st.wall_before))
+        self.st.offset += lost
+        self.log.truncate(tr["lines"], drop=lambda r: r.get("event") == "switch" and r.get("step") == start)
+        self.log.write({"kind": "event", "event": "undo", "step": start, "restored_step": good + 1, "lost_time_s": lost})
+        self.console.say(f"adapipe: the probe of async from step {start} lost: undone, restored step {good + 1} "
+                         f"({lost:.3g} s of the clock lost)")
+        self.heuristic.rewind(good)
+        self._decide(start)
         return good + 1

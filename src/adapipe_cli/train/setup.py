@@ -199,6 +199,8 @@ class RunSetup:
                               f"train.save_final=false, or pipeline.runtime=local")
         if self.guard.enabled:
             raise ConfigError(f"{what} does not roll back yet: use heuristic.guard=false, or pipeline.runtime=local")
+        if self.cfg.heuristic.get("undo_probes"):
+            raise ConfigError(f"{what} does not undo probes yet: use heuristic.undo_probes=false, or pipeline.runtime=local")
 
     def _given_profile(self) -> CostProfile | None:
         """``pipeline.profile``, or a resumed run's own (None: measure one); refused when it was

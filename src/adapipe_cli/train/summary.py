@@ -120,6 +120,8 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
         "phases": phases, "async_fraction": phases["async"]["time_s"] / total if total > 0 else 0.0,
         "switches": sum(1 for r in records if r.get("event") == "switch"),
         "guard_events": sum(1 for r in records if r.get("event") == "guard"),
+        "undone_probes": sum(1 for r in records if r.get("event") == "undo"),
+        "undone_time_s": sum(r["lost_time_s"] for r in records if r.get("event") == "undo"),
         "predicted": {"sync_step_time": ctx.sync_step_time, "async_step_time": ctx.async_step_time,
                       "switch_time": ctx.switch_time},
         "memory": runtime.memory(),

@@ -1,0 +1,89 @@
+"""heuristic.undo_probes end to end: an undone probe of async leaves the numbers of a run that never
+probed (its sync schedule's, step by step), and its time on the clock."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapipe_cli.adaptive.base import Decision, Heuristic
+from adapipe_cli.schedules import ASYNC, SYNC
+from adapipe_cli.simulator.clock import CostProfile
+from adapipe_cli.train import build
+from adapipe_cli.train.loop import train
+
+START, LEG, VERDICT = 9, 6, 18  # the probe of async: its first step, its steps, the step decided with its undo
+
+
+class Scripted(Heuristic):
+    """A probe of async from step START for LEG steps, undone with the decision of step VERDICT
+    (made after step VERDICT - lag ran); sync everywhere else. Records what the loop asked."""
+
+    name = "scripted"
+
+    def __init__(self, ctx):
+        super().__init__(None, ctx)
+        self.tentative, self.undone, self.rewound, self.asked = False, False, [], []
+
+    def decide(self, step: int) -> Decision:
+        self.asked.append(step)
+        if not self.undone and step == START:
+            self.tentative = True
+            return Decision(ASYNC, "probe", tentative=True)
+        if not self.undone and START < step < START + LEG:
+            return Decision(ASYNC, "probe")
+        if not self.undone and step == VERDICT:
+            self.tentative, self.undone = False, True
+            return Decision(SYNC, "lost", {"E": 0.1}, undo=START)
+        return Decision(SYNC)
+
+    def rewind(self, step: int) -> None:
+        self.rewound.append(step)
+
+
+def records(run_dir) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("runtime", ["local", pytest.param("dist", marks=pytest.mark.slow)])  # (dist: about 10 s)
+def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tmp_path, monkeypatch):
+    """An adapipe run whose probe of async is undone trains exactly what ZB-H1 (its sync phase)
+    trains: the same loss at every step and the same evaluations. Its clock is ZB-H1's up to the
+    state it went back to and ZB-H1's plus the undone stretch's time after it; the log keeps no
+    trace of the probe but the undo event, and the summary counts it."""
+    profile = tmp_path / "uniform.json"  # a fixed clock
+    CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
+    common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=30", "train.eval_every=5",
+              "pipeline.clock=profiled", f"pipeline.profile={profile}"]
+    if runtime == "dist":
+        common += ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
+    made = []
+
+    def scripted(cfg, choice, ctx):
+        made.append(Scripted(ctx))
+        return made[-1]
+
+    monkeypatch.setattr(build, "make_heuristic", scripted)
+    s = train(make_cfg(*common, "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true"), tmp_path / "undo")
+    monkeypatch.undo()
+    ref = train(make_cfg(*common, "schedule=zbh1"), tmp_path / "zbh1")
+    h = made[0]
+    recs, zrecs = records(tmp_path / "undo"), records(tmp_path / "zbh1")
+    steps = [r for r in recs if r["kind"] == "step"]
+    zsteps = [r for r in zrecs if r["kind"] == "step"]
+    (ev,) = [r for r in recs if r.get("event") == "undo"]
+    restored = ev["restored_step"]
+    assert ev["step"] == START and restored == START - build.decision_lag(make_cfg(*common, "schedule=adapipe")) + 1
+    assert h.rewound == [restored - 1] and h.asked.count(START) == 2  # the probe's first step decided again
+    assert [r["step"] for r in steps] == list(range(30)) and all(r["phase"] == SYNC for r in steps)
+    assert [r["loss"] for r in steps] == [r["loss"] for r in zsteps]
+    evals = [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
+    assert evals == [(r["step"], r["val_loss"]) for r in zrecs if r["kind"] == "eval"]
+    assert not [r for r in recs if r.get("event") == "switch"]
+    lost = ev["lost_time_s"]
+    assert lost > LEG * 0.01  # at least the probe's async steps
+    for r, z in zip(steps, zsteps):
+        assert r["time_s"] == pytest.approx(z["time_s"] + (lost if r["step"] >= restored else 0.0), rel=1e-9)
+    assert s["undone_probes"] == 1 and s["undone_time_s"] == pytest.approx(lost)
+    assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 30

@@ -119,7 +119,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     ap.add_argument("--model", default="gpt-micro")
     ap.add_argument("--report", default=None, help="rewrite results.md (and results.json) of a results.json, run nothing")
+    ap.add_argument("--skip", nargs="+", default=[], metavar="METHOD",
+                    help="AdaPipe variants to leave out (the fixed methods always run: AdaPipe is held against them)")
     args = ap.parse_args()
+    known = set(methods(8, 8, []))
+    bad = [x for x in args.skip if x not in known or not x.startswith("adapipe")]
+    if bad:
+        ap.error(f"--skip {bad[0]}: name an AdaPipe variant, one of {', '.join(sorted(k for k in known if k.startswith('adapipe')))}")
     if args.report:  # (the comparison with the best fixed method recomputed from each run's time)
         path = Path(args.report)
         return write(path.parent, against_best_fixed(json.loads(path.read_text())))
@@ -173,7 +179,7 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
     sync_runs = list(pool.map(run_one, jobs))
     target = statistics.median(ppl_at(r["evals"], args.target_at) for r in sync_runs)
     jobs = [(str(out / cell / f"{name}_s{s}"), shared + ov + [f"seed={s}", f"train.target_ppl={target!r}"])
-            for name, ov in ms.items() if name != "sync" for s in range(args.seeds)]
+            for name, ov in ms.items() if name != "sync" and name not in args.skip for s in range(args.seeds)]
     results = {"sync": sync_runs}
     for job, res in zip(jobs, pool.map(run_one, jobs)):
         results.setdefault(Path(job[0]).name.rsplit("_s", 1)[0], []).append(res)

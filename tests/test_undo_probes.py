@@ -74,6 +74,7 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     zsteps = [r for r in zrecs if r["kind"] == "step"]
     (ev,) = [r for r in recs if r.get("event") == "undo"]
     restored = ev["restored_step"]
+    assert ev["reason"] == "lost" and ev["E"] == 0.1  # the verdict, with its estimates
     assert ev["step"] == START and restored == START - build.decision_lag(make_cfg(*common, "schedule=adapipe")) + 1
     assert h.rewound == [restored - 1] and h.asked.count(START) == 2  # the probe's first step decided again
     assert [r["step"] for r in steps] == list(range(30)) and all(r["phase"] == SYNC for r in steps)
@@ -87,3 +88,24 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
         assert r["time_s"] == pytest.approx(z["time_s"] + (lost if r["step"] >= restored else 0.0), rel=1e-9)
     assert s["undone_probes"] == 1 and s["undone_time_s"] == pytest.approx(lost)
     assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 30
+
+
+def test_an_undo_without_a_kept_state_keeps_the_probe(make_cfg, tmp_path, monkeypatch):
+    """An undo whose probe's state is gone (as after a resume in the middle of the probe; here the
+    probe was never marked tentative) is recorded as missed and the run goes on with the probe's
+    async steps."""
+    class Untentative(Scripted):
+        def decide(self, step):
+            d = super().decide(step)
+            return d._replace(tentative=False)
+
+    profile = tmp_path / "uniform.json"
+    CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
+    monkeypatch.setattr(build, "make_heuristic", lambda cfg, choice, ctx: Untentative(ctx))
+    s = train(make_cfg("pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=24", f"pipeline.profile={profile}",
+                       "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true"), tmp_path / "run")
+    recs = records(tmp_path / "run")
+    (ev,) = [r for r in recs if r.get("event") == "undo_missed"]
+    assert ev["probe_start"] == START and s["undone_probes"] == 0
+    phases = [r["phase"] for r in recs if r["kind"] == "step"]
+    assert phases[START:START + LEG] == [ASYNC] * LEG and len(phases) == 24

@@ -150,7 +150,7 @@ class Trainer(RunSetup, RunStates, Rollback):
         if d.tentative:
             self.probe_from = u
         elif d.undo is not None and self.probe_point is not None:
-            self.undo_from = d.undo
+            self.undo_from, self.undo_verdict = d.undo, {"reason": d.reason, "decided_after_step": u - self.lag, **d.info}
         elif d.undo is not None:  # (its state is gone: a rollback or a resume since it began)
             self.log.write({"kind": "event", "event": "undo_missed", "step": u, "probe_start": d.undo})
         if not d.tentative and d.undo is None and not getattr(self.heuristic, "tentative", False):

@@ -68,7 +68,8 @@ class Rollback:
         self.st = RunState(**dict(tr["run"], wall_before=self.st.wall_before))
         self.st.offset += lost
         self.log.truncate(tr["lines"], drop=lambda r: r.get("event") == "switch" and r.get("step") == start)
-        self.log.write({"kind": "event", "event": "undo", "step": start, "restored_step": good + 1, "lost_time_s": lost})
+        self.log.write({"kind": "event", "event": "undo", "step": start, "restored_step": good + 1, "lost_time_s": lost,
+                        **self.undo_verdict})
         self.console.say(f"adapipe: the probe of async from step {start} lost: undone, restored step {good + 1} "
                          f"({lost:.3g} s of the clock lost)")
         self.heuristic.rewind(good)

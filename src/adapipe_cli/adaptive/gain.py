@@ -181,24 +181,9 @@ class Gain(Prober):
         return min(left, t) if self.ctx.extra.get("open_ended") else left
 
     def early_verdict(self, step: int, probed: str) -> Decision | None:
-        """Judge the probe on the steps before it and its own: adopt the probed phase if it wins
-        decisively; undo a tentative probe of async that clearly loses (``heuristic.undo_probes``:
-        no return leg, the run goes back to before the probe); else leave every estimate as it was and
-        go back to the current phase."""
-        window = [o for o in self.history if o.step >= self.probe_start - self.cfg.window]
-        saved = self.E, self.var, self.belief_step, list(self.probes), self.switch_steps
-        winner, reason, info, clear = self.judge(window, self.current, probed)
-        lost = self.lost(winner, clear)
-        if not lost and (winner != probed or clear != DECISIVE):
-            self.E, self.var, self.belief_step, self.probes, self.switch_steps = saved
-            return None
-        first = self.verdicts == 0
-        self.last_estimates, self.verdicts = info, self.verdicts + 1
-        confirmed = winner == probed or (not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner)))
-        self.current, self.last_winner = winner, winner if clear else None
-        self.interval = self.next_interval(step, window, winner, confirmed)
-        self.mode, self.next_probe = "exploit", step + self.interval
-        return self.verdict(winner, f"{'decisive ' if winner == probed else ''}at the end of the probe: {reason}", info, clear)
+        """Adopt a probed phase that wins decisively at the end of its leg; undo a tentative probe
+        of async that clearly loses there (:meth:`.Prober.judge_at_leg_end`)."""
+        return self.judge_at_leg_end(step, probed, adopt=True)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E, "var": self.var, "belief_step": self.belief_step,

@@ -26,6 +26,7 @@ Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``
 
 from __future__ import annotations
 
+import copy
 from collections import deque
 from statistics import median
 
@@ -158,20 +159,35 @@ class Prober(Heuristic):
         self.current, self.last_winner = winner, winner if clear else None
         self.interval = self.next_interval(step, window, winner, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
-        return self.verdict(winner, reason, info, clear)
-
-    def verdict(self, winner: str, reason: str, info: dict, clear: int) -> Decision:
-        """The decision a verdict makes: a tentative probe that lost is undone. Lost means sync won,
-        beyond the margin and significantly (an unclear verdict that keeps sync near break-even
-        keeps the probe's steps: they made about as much progress as sync would have)."""
-        undo, self.tentative = self.lost(winner, clear), False
-        if undo:
-            return Decision(winner, f"{reason}; the probe of async undone", info, undo=self.probe_start)
+        self.tentative = False  # (after the return leg a probe is kept: an undo would discard that leg's sync steps too)
         return Decision(winner, reason, info)
 
-    def lost(self, winner: str, clear: int) -> bool:
-        """Whether a verdict says the tentative probe in progress lost (:meth:`verdict`)."""
-        return self.tentative and winner == SYNC and clear != UNCLEAR
+    def judge_at_leg_end(self, step: int, probed: str, adopt: bool) -> Decision | None:
+        """Judge the probe at the end of its leg, on the steps before it and those of its own
+        observed by then (the last ``lag`` are not yet): undo a tentative probe that clearly lost
+        (sync better beyond the margin, significantly: an unclear verdict near break-even keeps the
+        probe's steps, which made about as much progress as sync's would have); with ``adopt``,
+        adopt a probed phase that won decisively. Otherwise every estimate stays as it was and
+        None goes back to the current phase for the return leg."""
+        window = [o for o in self.history if o.step >= self.probe_start - self.cfg.window]
+        saved = copy.deepcopy(self.state_dict())
+        winner, reason, info, clear = self.judge(window, self.current, probed)
+        lost = self.tentative and winner == SYNC and clear != UNCLEAR
+        won = adopt and winner == probed and clear == DECISIVE
+        if not (lost or won):
+            self.load_state_dict(saved)
+            return None
+        first = self.verdicts == 0
+        self.last_estimates, self.verdicts = info, self.verdicts + 1
+        confirmed = won or (not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner)))
+        self.current, self.last_winner = winner, winner if clear else None
+        self.interval = self.next_interval(step, window, winner, confirmed)
+        self.mode, self.next_probe = "exploit", step + self.interval
+        self.tentative = False
+        if lost:
+            return Decision(winner, f"at the end of the probe: {reason}; the probe of async undone", info,
+                            undo=self.probe_start)
+        return Decision(winner, f"decisive at the end of the probe: {reason}", info)
 
     def undo_probes(self) -> bool:
         """``heuristic.undo_probes``: probes of async from sync are tentative, and undone if async loses."""
@@ -192,8 +208,9 @@ class Prober(Heuristic):
 
     def early_verdict(self, step: int, probed: str) -> Decision | None:
         """A verdict at the end of a probe's leg, before the leg of the current phase that follows
-        it (None: go back to the current phase, the default)."""
-        return None
+        it (None: go back to the current phase): a tentative probe that clearly lost is undone
+        (:meth:`judge_at_leg_end`)."""
+        return self.judge_at_leg_end(step, probed, adopt=False) if self.tentative else None
 
     def leg(self, phase: str) -> int:
         """Steps of a stretch of ``phase`` within a probe: ``probe_steps`` observed after its settling."""

@@ -21,6 +21,11 @@ the first verdict: it comes earliest in training, where the phases' merits chang
 ``backoff`` times that base: a phase that dominates costs little probing. An unclear one (near
 break-even, where the choice matters least but can change) resets it to the base.
 
+With ``heuristic.undo_probes`` a probe of async from sync is tentative: it is judged at the end of
+its leg (:meth:`Prober.judge_at_leg_end`), and if it clearly lost the training loop takes the run
+back to its state before the probe (the probe's time stays on the clock); otherwise it goes on as
+any probe, and is kept.
+
 Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``u - lag``).
 """
 
@@ -59,7 +64,7 @@ class Prober(Heuristic):
         self.next_probe = max(ctx.lr_warmup, settled) + cfg.window
         self.probe_start = -1
         # the probe in progress is tentative (heuristic.undo_probes: a probe of async from sync,
-        # undone if async loses)
+        # undone if it clearly lost at the end of its leg)
         self.tentative = False
         self.last_winner: str | None = None  # the previous clear verdict
         self.verdicts = 0
@@ -190,7 +195,7 @@ class Prober(Heuristic):
         return Decision(winner, f"decisive at the end of the probe: {reason}", info)
 
     def undo_probes(self) -> bool:
-        """``heuristic.undo_probes``: probes of async from sync are tentative, and undone if async loses."""
+        """``heuristic.undo_probes``: probes of async from sync are tentative (undone if they clearly lose)."""
         return bool(self.cfg.get("undo_probes", False))
 
     def rewind(self, step: int) -> None:

@@ -43,10 +43,9 @@ of the observations, so the last ``lag`` steps of the leg are not seen yet: 12 o
 with one microbatch). If the probed phase wins decisively (at least twice the
 goodput, beyond the confidence), it stays current at once, without the return leg to the current
 phase that an interpolating verdict needs (which costs a round trip of switches). With
-``heuristic.undo_probes`` a probe of async from sync that clearly loses there (sync better beyond
-the margin, significantly) is undone at once: the run
-goes back to its state before the probe, the belief keeping the probe's estimate. Otherwise the
-probe goes on as in ``goodput``.
+``heuristic.undo_probes`` a probe of async from sync is settled there: kept and adopted if async
+wins it clearly, otherwise undone (the run goes back to its state before the probe, the belief
+keeping the probe's estimate). Otherwise the probe goes on as in ``goodput``.
 """
 
 from __future__ import annotations
@@ -181,8 +180,8 @@ class Gain(Prober):
         return min(left, t) if self.ctx.extra.get("open_ended") else left
 
     def early_verdict(self, step: int, probed: str) -> Decision | None:
-        """Adopt a probed phase that wins decisively at the end of its leg; undo a tentative probe
-        of async that clearly loses there (:meth:`.Prober.judge_at_leg_end`)."""
+        """Adopt a probed phase that wins decisively at the end of its leg; keep (and adopt) or undo
+        a tentative probe of async there (:meth:`.Prober.judge_at_leg_end`)."""
         return self.judge_at_leg_end(step, probed, adopt=True)
 
     def state_dict(self) -> dict:

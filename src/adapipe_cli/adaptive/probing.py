@@ -22,9 +22,9 @@ the first verdict: it comes earliest in training, where the phases' merits chang
 break-even, where the choice matters least but can change) resets it to the base.
 
 With ``heuristic.undo_probes`` a probe of async from sync is tentative: it is judged at the end of
-its leg (:meth:`Prober.judge_at_leg_end`), and if it clearly lost the training loop takes the run
-back to its state before the probe (the probe's time stays on the clock); otherwise it goes on as
-any probe, and is kept.
+its leg (:meth:`Prober.judge_at_leg_end`); if async won it clearly it is kept and adopted at once,
+otherwise the training loop takes the run back to its state before the probe (the probe's time
+stays on the clock).
 
 Decisions are made ``lag`` steps ahead (``decide(u)`` sees observations up to ``u - lag``).
 """
@@ -64,7 +64,7 @@ class Prober(Heuristic):
         self.next_probe = max(ctx.lr_warmup, settled) + cfg.window
         self.probe_start = -1
         # the probe in progress is tentative (heuristic.undo_probes: a probe of async from sync,
-        # undone if it clearly lost at the end of its leg)
+        # undone at the end of its leg unless async won it clearly)
         self.tentative = False
         self.last_winner: str | None = None  # the previous clear verdict
         self.verdicts = 0
@@ -96,7 +96,7 @@ class Prober(Heuristic):
         while the delay is long against the steps trained, so the warm-up grows with d. Below d = 3
         it is not measured and stays 300. With Muon async led from the start in every cell of the cpu
         grid, and its early damage is not measured: no warm-up. With ``heuristic.undo_probes`` no
-        warm-up either: a probe of async that loses is undone, its damage with it."""
+        warm-up either: a probe of async that async does not clearly win is undone, its damage with it."""
         if self.cfg.get("sync_warmup") is not None:
             return int(self.cfg.sync_warmup)
         if self.ctx.extra.get("optimizer") == "muon" or self.undo_probes():
@@ -164,38 +164,42 @@ class Prober(Heuristic):
         self.current, self.last_winner = winner, winner if clear else None
         self.interval = self.next_interval(step, window, winner, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
-        self.tentative = False  # (after the return leg a probe is kept: an undo would discard that leg's sync steps too)
+        self.tentative = False  # (a tentative probe never gets here: it is kept or undone at the end of its leg)
         return Decision(winner, reason, info)
 
     def judge_at_leg_end(self, step: int, probed: str, adopt: bool) -> Decision | None:
         """Judge the probe at the end of its leg, on the steps before it and those of its own
-        observed by then (the last ``lag`` are not yet): undo a tentative probe that clearly lost
-        (sync better beyond the margin, significantly: an unclear verdict near break-even keeps the
-        probe's steps, which made about as much progress as sync's would have); with ``adopt``,
-        adopt a probed phase that won decisively. Otherwise every estimate stays as it was and
-        None goes back to the current phase for the return leg."""
+        observed by then (the last ``lag`` are not yet). A tentative probe is kept only if async
+        wins it clearly (beyond the margin, significantly), and is then adopted at once; otherwise
+        it is undone, so a probe costs at most its own steps, never lasting damage (an unclear
+        probe's progress is given up with it). With ``adopt`` a probed phase that wins decisively
+        is adopted. Otherwise every estimate stays as it was and None goes back to the current
+        phase for the return leg."""
         window = [o for o in self.history if o.step >= self.probe_start - self.cfg.window]
         saved = copy.deepcopy(self.state_dict())
         winner, reason, info, clear = self.judge(window, self.current, probed)
-        lost = self.tentative and winner == SYNC and clear != UNCLEAR
-        won = adopt and winner == probed and clear == DECISIVE
+        if self.tentative:
+            won = winner == probed and clear != UNCLEAR
+        else:
+            won = adopt and winner == probed and clear == DECISIVE
+        lost = self.tentative and not won
         if not (lost or won):
             self.load_state_dict(saved)
             return None
         first = self.verdicts == 0
         self.last_estimates, self.verdicts = info, self.verdicts + 1
         confirmed = won or (not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner)))
-        self.current, self.last_winner = winner, winner if clear else None
-        self.interval = self.next_interval(step, window, winner, confirmed)
+        self.current, self.last_winner = (probed, probed) if won else (self.current, winner if clear else None)
+        self.interval = self.next_interval(step, window, self.current, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval
         self.tentative = False
         if lost:
-            return Decision(winner, f"at the end of the probe: {reason}; the probe of async undone", info,
+            return Decision(self.current, f"at the end of the probe: {reason}; the probe of async undone", info,
                             undo=self.probe_start)
-        return Decision(winner, f"decisive at the end of the probe: {reason}", info)
+        return Decision(self.current, f"{'clear' if clear != DECISIVE else 'decisive'} at the end of the probe: {reason}", info)
 
     def undo_probes(self) -> bool:
-        """``heuristic.undo_probes``: probes of async from sync are tentative (undone if they clearly lose)."""
+        """``heuristic.undo_probes``: probes of async from sync are tentative (undone unless async wins them clearly)."""
         return bool(self.cfg.get("undo_probes", False))
 
     def rewind(self, step: int) -> None:
@@ -213,7 +217,7 @@ class Prober(Heuristic):
 
     def early_verdict(self, step: int, probed: str) -> Decision | None:
         """A verdict at the end of a probe's leg, before the leg of the current phase that follows
-        it (None: go back to the current phase): a tentative probe that clearly lost is undone
+        it (None: go back to the current phase): a tentative probe is kept or undone there
         (:meth:`judge_at_leg_end`)."""
         return self.judge_at_leg_end(step, probed, adopt=False) if self.tentative else None
 

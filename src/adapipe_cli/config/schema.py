@@ -134,9 +134,9 @@ class HeuristicConfig:
     # damage under AdamW); null: 100 max(3, (stages - 1) / microbatches) with the Adam family, 0
     # with Muon or with undo_probes
     sync_warmup: Optional[int] = None
-    # a probe of async from sync is tentative: if it clearly lost at the end of its leg, the run
-    # goes back to its state before the probe (its time stays on the clock), so a losing probe
-    # leaves no lasting damage
+    # a probe of async from sync is tentative: at the end of its leg it is kept (and async adopted)
+    # if async won it clearly, else the run goes back to its state before the probe (its time
+    # stays on the clock), so a probe leaves no lasting damage
     undo_probes: bool = False
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
     # after every step (off the clock; on dist each worker runs it after its update), or the training loss (train)

@@ -499,3 +499,33 @@ def test_undo_probes_drops_the_adam_warm_up_and_a_probe_of_sync_is_not_tentative
     assert any(d.phase == "sync" for d in ds) and not any(d.tentative for d in ds)
     cfg.undo_probes = False
     assert build_heuristic(cfg, ctx).sync_warmup() == 300
+
+
+@pytest.mark.parametrize("name", ["rate", "goodput", "gain"])
+def test_a_heuristic_restored_inside_a_tentative_probe_still_settles_it(name):
+    """state_dict in the middle of a tentative probe, loaded into a fresh heuristic: it knows the
+    probe is tentative and settles it as the original does (the same undo at the same step)."""
+    import json
+
+    h = heuristic(name, undo_probes=True)
+    env = Env(**DAMAGING)
+    phases = [h.decide(u).phase for u in range(LAG)]
+    t = 0
+    while not (h.tentative and h.mode == "probe" and t > h.probe_start):
+        h.observe(env.run(phases[t]))
+        phases.append(h.decide(t + LAG).phase)
+        t += 1
+    twin = heuristic(name, undo_probes=True)
+    twin.load_state_dict(json.loads(json.dumps(h.state_dict(), default=float)))
+    assert twin.tentative
+    while True:
+        o = env.run(phases[t])
+        h.observe(o)
+        twin.observe(o)
+        d = h.decide(t + LAG)
+        assert twin.decide(t + LAG) == d
+        phases.append(d.phase)
+        t += 1
+        if d.undo is not None:
+            break
+    assert d.undo == h.probe_start and not h.tentative and not twin.tentative

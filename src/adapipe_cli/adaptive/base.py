@@ -57,6 +57,10 @@ class Decision(NamedTuple):
 
 class Heuristic:
     name = "base"
+    # a tentative probe (Decision.tentative) is in progress and not yet settled: the training loop
+    # keeps the state from before it while this is true (a heuristic that makes tentative probes
+    # keeps it up to date)
+    tentative = False
 
     def __init__(self, cfg: Any, ctx: Context):
         self.cfg, self.ctx = cfg, ctx

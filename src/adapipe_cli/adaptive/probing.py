@@ -188,7 +188,7 @@ class Prober(Heuristic):
             return None
         first = self.verdicts == 0
         self.last_estimates, self.verdicts = info, self.verdicts + 1
-        confirmed = won or (not first and (clear == DECISIVE or (bool(clear) and winner == self.last_winner)))
+        confirmed = not first and (won or clear == DECISIVE or (bool(clear) and winner == self.last_winner))
         self.current, self.last_winner = (probed, probed) if won else (self.current, winner if clear else None)
         self.interval = self.next_interval(step, window, self.current, confirmed)
         self.mode, self.next_probe = "exploit", step + self.interval

@@ -62,8 +62,13 @@ class Trainer(RunSetup, RunStates, Rollback):
                 for u in range(min(self.lag, t.max_steps)):
                     self._decide(u)
                 self._collect()
+            # a tentative probe decided before any step of this session: its state is now
+            if self.probe_from is not None:
+                self._keep_snapshot(self.st.steps - 1)
+                self.probe_from, self.probe_point = None, self.st.steps - 1
             progress.start_at(self.st.steps)
             step = self.st.steps
+            owed = False  # a checkpoint put off by a tentative probe
             while step < t.max_steps:
                 res = rt.run_step(step)
                 reason = self.guard.check(res.phase, res.loss)
@@ -77,15 +82,20 @@ class Trainer(RunSetup, RunStates, Rollback):
                 ev = self._after_step(step, res)
                 progress.update(res, ev, self.st.tokens / self.st.time_s if self.st.time_s > 0 else 0.0)
                 step += 1
-                if checkpoint.due(t, step, start=0):  # (step >= 1 here: never the resumed-from step)
+                # (step >= 1 here: never the resumed-from step). A checkpoint due while a tentative probe
+                # is decided or under way is written once it is settled (by the undo, if it is undone):
+                # one of a run that may be undone would not be the run's
+                owed = owed or checkpoint.due(t, step, start=0)
+                if owed and self.probe_from is None and self.probe_point is None and self.undo_from is None:
                     self.save_checkpoint()
+                    owed = False
                 if self.probe_from is not None:  # the run before a tentative probe, kept to undo it
                     self._keep_snapshot(step - 1)
                     self.probe_from, self.probe_point = None, step - 1
                 elif self.guard.due(step - 1) and self.probe_point is None:  # (none that would push it out)
                     self._keep_snapshot(step - 1)
                 if self.undo_from is not None:
-                    step = self._undo_probe()
+                    step, owed = self._undo_probe(), False  # (a checkpoint put off comes due again in the replay)
                     continue
                 if ev and t.stop_at_target and ev["val_ppl"] <= t.target_ppl:
                     self.st.stopped = "target"
@@ -151,9 +161,9 @@ class Trainer(RunSetup, RunStates, Rollback):
             self.probe_from = u
         elif d.undo is not None and self.probe_point is not None:
             self.undo_from, self.undo_verdict = d.undo, {"reason": d.reason, "decided_after_step": u - self.lag, **d.info}
-        elif d.undo is not None:  # (its state is gone: a rollback or a resume since it began)
+        elif d.undo is not None:  # (its state is gone: a guard rollback to before the probe)
             self.log.write({"kind": "event", "event": "undo_missed", "step": u, "probe_start": d.undo})
-        if not d.tentative and d.undo is None and not getattr(self.heuristic, "tentative", False):
+        if not d.tentative and d.undo is None and not self.heuristic.tentative:
             self.probe_point = None  # the probe was kept: its state is an ordinary snapshot now
         prev = self.plan.phases[u - 1] if u > 0 else None
         self.runtime.decide(u, d.phase)

@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from .. import checkpoint
 from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
@@ -36,7 +37,10 @@ class Rollback:
         lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
         run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
         self._load_state(copy.deepcopy(state))
-        self.probe_from = self.probe_point = self.undo_from = None  # (a tentative probe since then is not undone)
+        # a tentative probe can still be undone if the run went back to its own snapshot (not
+        # before it): its state is the one kept
+        self.probe_point = self.probe_point if good == self.probe_point else None
+        self.probe_from = self.undo_from = None
         self.st = RunState(**copy.deepcopy(run))
         self.st.offset += lost
         self.st.forced_until = self.plan.decided() + self.guard.cooldown
@@ -67,11 +71,21 @@ class Rollback:
         self.runtime.load_state_dict(state["pipeline"])
         self.st = RunState(**dict(tr["run"], wall_before=self.st.wall_before))
         self.st.offset += lost
+        self.st.time_s += lost  # (the next step's own time is its step time, as a heuristic observes it)
         self.log.truncate(tr["lines"], drop=lambda r: r.get("event") == "switch" and r.get("step") == start)
         self.log.write({"kind": "event", "event": "undo", "step": start, "restored_step": good + 1, "lost_time_s": lost,
                         **self.undo_verdict})
         self.console.say(f"adapipe: the probe of async from step {start} lost: undone, restored step {good + 1} "
                          f"({lost:.3g} s of the clock lost)")
         self.heuristic.rewind(good)
-        self._decide(start)
+        for u in range(start, min(good + self.lag + 1, self.cfg.train.max_steps)):  # (decided through good + lag again)
+            self._decide(u)
+        # the kept state of the probe held its phases and a heuristic in the middle of it: a later
+        # guard rollback goes back to the run as it is now instead
+        self.guard.snapshots.pop()
+        self._keep_snapshot(good)
+        if self.probe_from is not None:  # (a new tentative probe decided just now: this is its state)
+            self.probe_from, self.probe_point = None, good
+        elif checkpoint.due(self.cfg.train, good + 1, start=0):  # (put off when the probe was decided, here)
+            self.save_checkpoint()
         return good + 1

@@ -190,7 +190,12 @@ class RunSetup:
     def _refuse_unbuilt_dist(self) -> None:
         """What the dist runtime does not build for AdaPipe over interleaved chunks: its async stream
         has activations and gradients in flight between every pair of chunks at a gate, and the
-        workers resend one chunk's (see runtime/worker.py), so no checkpoint and no rollback."""
+        workers resend one chunk's (see runtime/worker.py), so no checkpoint and no rollback. Nor
+        does it put off a checkpoint that falls due during a tentative probe (the workers write
+        their parts at the gate of a due step), so no periodic checkpoints with undone probes."""
+        if self.cfg.heuristic.get("undo_probes") and self.cfg.train.checkpoint_every and self.choice.phase is None:
+            raise ConfigError("heuristic.undo_probes on pipeline.runtime=dist does not write periodic checkpoints yet: "
+                              "use train.checkpoint_every=0 (train.save_final=true still works), or pipeline.runtime=local")
         if self.choice.spec.chunks == 1 or self.choice.phase == SYNC:
             return
         t, what = self.cfg.train, "schedule.sync=interleaved on pipeline.runtime=dist"

@@ -74,6 +74,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                 reason = self.guard.check(res.phase, res.loss)
                 if reason:
                     step = self._rollback(step, res, reason)
+                    owed = False  # (one put off by a probe comes due again in the replay)
                     continue
                 if not math.isfinite(res.loss):
                     raise TrainingDiverged(f"training diverged at step {step} (loss {res.loss}): lower {rate_keys(cfg.optim)} or "
@@ -95,7 +96,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                 elif self.guard.due(step - 1) and self.probe_point is None:  # (none that would push it out)
                     self._keep_snapshot(step - 1)
                 if self.undo_from is not None:
-                    step, owed = self._undo_probe(), False  # (a checkpoint put off comes due again in the replay)
+                    step, owed = self._undo_probe()  # (a checkpoint put off comes due again in the replay)
                     continue
                 if ev and t.stop_at_target and ev["val_ppl"] <= t.target_ppl:
                     self.st.stopped = "target"

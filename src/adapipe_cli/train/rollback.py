@@ -37,10 +37,9 @@ class Rollback:
         lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
         run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
         self._load_state(copy.deepcopy(state))
-        # a tentative probe can still be undone if the run went back to its own snapshot (not
-        # before it): its state is the one kept
-        self.probe_point = self.probe_point if good == self.probe_point else None
-        self.probe_from = self.undo_from = None
+        # (a tentative probe under way is not undone after this: it goes on as an ordinary probe, as
+        # the guard's rollbacks of any probe do, and its undo is recorded as missed)
+        self.probe_from = self.probe_point = self.undo_from = None
         self.st = RunState(**copy.deepcopy(run))
         self.st.offset += lost
         self.st.forced_until = self.plan.decided() + self.guard.cooldown
@@ -51,17 +50,19 @@ class Rollback:
         self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
         return good + 1
 
-    def _undo_probe(self) -> int:
+    def _undo_probe(self) -> tuple[int, bool]:
         """Undo the tentative probe that began at step ``undo_from`` (``heuristic.undo_probes``):
         back to the run's state before it (kept when the probe was decided, ``lag`` steps ahead),
         with the phases decided then, the metrics written since cut off and the probe's switch
         dropped; the time spent since stays on the clock. The heuristic keeps what it learnt (only
         its observations of the discarded steps go) and decides the probe's first step again.
-        Returns the next step."""
+        Returns the next step, and whether a checkpoint is owed there (one due at the restored step,
+        put off again by a new tentative probe decided here)."""
         start, good = self.undo_from, self.probe_point
         self.undo_from = self.probe_point = None
         kept = self.guard.restore_point(good + 1 + self.lag, self.lag)  # (no snapshot is kept after it)
-        assert kept is not None and kept[0] == good, (kept and kept[0], good)
+        if kept is None or kept[0] != good:  # (none is kept after it while the probe is under way)
+            raise RuntimeError(f"the state kept for the probe from step {start} is gone (newest: {kept and kept[0]})")
         state = copy.deepcopy(kept[1])
         tr = state["trainer"]
         lost = self.st.time_s - tr["run"]["time_s"]
@@ -84,8 +85,10 @@ class Rollback:
         # guard rollback goes back to the run as it is now instead
         self.guard.snapshots.pop()
         self._keep_snapshot(good)
+        due = checkpoint.due(self.cfg.train, good + 1, start=0)  # (put off when the probe was decided)
         if self.probe_from is not None:  # (a new tentative probe decided just now: this is its state)
             self.probe_from, self.probe_point = None, good
-        elif checkpoint.due(self.cfg.train, good + 1, start=0):  # (put off when the probe was decided, here)
+            return good + 1, due
+        if due:
             self.save_checkpoint()
-        return good + 1
+        return good + 1, False

@@ -64,8 +64,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                 self._collect()
             # a tentative probe decided before any step of this session: its state is now
             if self.probe_from is not None:
-                self._keep_snapshot(self.st.steps - 1)
-                self.probe_from, self.probe_point = None, self.st.steps - 1
+                self._keep_probe_state(self.st.steps - 1)
             progress.start_at(self.st.steps)
             step = self.st.steps
             owed = False  # a checkpoint put off by a tentative probe
@@ -91,8 +90,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                     self.save_checkpoint()
                     owed = False
                 if self.probe_from is not None:  # the run before a tentative probe, kept to undo it
-                    self._keep_snapshot(step - 1)
-                    self.probe_from, self.probe_point = None, step - 1
+                    self._keep_probe_state(step - 1)
                 elif self.guard.due(step - 1) and self.probe_point is None:  # (none that would push it out)
                     self._keep_snapshot(step - 1)
                 if self.undo_from is not None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from .. import checkpoint
 from ..optim import rate_keys
 from ..runtime.base import StepResult
@@ -50,6 +48,11 @@ class Rollback:
         self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
         return good + 1
 
+    def _keep_probe_state(self, step: int) -> None:
+        """Keep the run after step ``step`` as the state to undo the tentative probe just decided to."""
+        self._keep_snapshot(step)
+        self.probe_from, self.probe_point = None, step
+
     def _undo_probe(self) -> tuple[int, bool]:
         """Undo the tentative probe that began at step ``undo_from`` (``heuristic.undo_probes``):
         back to the run's state before it (kept when the probe was decided, ``lag`` steps ahead),
@@ -66,10 +69,8 @@ class Rollback:
         state = copy.deepcopy(kept[1])
         tr = state["trainer"]
         lost = self.st.time_s - tr["run"]["time_s"]
-        self.plan.phases[:] = tr["phases"][:start]  # (the probe's first step was decided with the snapshot)
-        self.guard.load_state_dict(tr["guard"])
-        torch.set_rng_state(tr["rng"])
-        self.runtime.load_state_dict(state["pipeline"])
+        del tr["phases"][start:]  # (the probe's first step was decided with the snapshot)
+        self._load_state(state, heuristic=False)
         self.st = RunState(**dict(tr["run"], wall_before=self.st.wall_before))
         self.st.offset += lost
         self.st.time_s += lost  # (the next step's own time is its step time, as a heuristic observes it)
@@ -84,11 +85,11 @@ class Rollback:
         # the kept state of the probe held its phases and a heuristic in the middle of it: a later
         # guard rollback goes back to the run as it is now instead
         self.guard.snapshots.pop()
-        self._keep_snapshot(good)
         due = checkpoint.due(self.cfg.train, good + 1, start=0)  # (put off when the probe was decided)
         if self.probe_from is not None:  # (a new tentative probe decided just now: this is its state)
-            self.probe_from, self.probe_point = None, good
+            self._keep_probe_state(good)
             return good + 1, due
+        self._keep_snapshot(good)
         if due:
             self.save_checkpoint()
         return good + 1, False

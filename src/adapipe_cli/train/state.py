@@ -43,10 +43,13 @@ class RunStates:
                 "heuristic": copy.deepcopy(self.heuristic.state_dict()), "guard": self.guard.state_dict(),
                 "lines": len(self.log.records), "rng": torch.get_rng_state()}
 
-    def _load_state(self, state: dict) -> None:
+    def _load_state(self, state: dict, heuristic: bool = True) -> None:
+        """Restore ``state``; with ``heuristic=False`` the heuristic keeps what it knows now (an
+        undone probe)."""
         tr = state["trainer"]
         self.plan.phases[:] = tr["phases"]
-        self.heuristic.load_state_dict(copy.deepcopy(tr["heuristic"]))
+        if heuristic:
+            self.heuristic.load_state_dict(copy.deepcopy(tr["heuristic"]))
         self.guard.load_state_dict(tr["guard"])
         torch.set_rng_state(tr["rng"])
         if "pipeline" in state:  # a guard snapshot (a checkpoint's pipeline parts are the runtime's to read)

@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="sync's steps")
     ap.add_argument("--budget", type=float, default=3.0, help="step budget of the other methods, x sync's")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=0,
+                    help="seeds FIRST to FIRST + SEEDS - 1 (held-out seeds: another range than the reported one)")
     ap.add_argument("--target-at", type=float, default=0.75, help="fraction of sync's steps that sets the target")
     ap.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     ap.add_argument("--model", default="gpt-micro")
@@ -146,6 +148,10 @@ def main() -> None:
     print(f"\nwrote {out / 'results.md'} and results.json ({time.time() - t0:.0f}s)")
 
 
+def seed_range(args) -> range:
+    return range(args.first_seed, args.first_seed + args.seeds)
+
+
 def cell_overrides(args, data: str, optim: str, p: int, m: int) -> list[str]:
     """The overrides every run of the cell shares."""
     return [f"model={args.model}", *DATA[data], f"optim={optim}", "optim.decay=constant", f"pipeline.stages={p}",
@@ -175,11 +181,11 @@ def bench_cell(pool, out: Path, args, data: str, optim: str, p: int, m: int, t0:
     base = cell_overrides(args, data, optim, p, m)
     ms = methods(p, m, [f"train.max_steps={int(args.budget * args.steps)}", "train.stop_at_target=true"])
     shared = base + [f"pipeline.profile={measure_cell_profile(out, args, data, optim, p, m)}"]
-    jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in range(args.seeds)]
+    jobs = [(str(out / cell / f"sync_s{s}"), shared + ms["sync"] + [f"seed={s}"]) for s in seed_range(args)]
     sync_runs = list(pool.map(run_one, jobs))
     target = statistics.median(ppl_at(r["evals"], args.target_at) for r in sync_runs)
     jobs = [(str(out / cell / f"{name}_s{s}"), shared + ov + [f"seed={s}", f"train.target_ppl={target!r}"])
-            for name, ov in ms.items() if name != "sync" and name not in args.skip for s in range(args.seeds)]
+            for name, ov in ms.items() if name != "sync" and name not in args.skip for s in seed_range(args)]
     results = {"sync": sync_runs}
     for job, res in zip(jobs, pool.map(run_one, jobs)):
         results.setdefault(Path(job[0]).name.rsplit("_s", 1)[0], []).append(res)

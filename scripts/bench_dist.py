@@ -70,7 +70,8 @@ def overrides(args, schedule: str, replicas: int = 1) -> list[str]:
     return [f"model={args.model}", f"schedule={schedule}", f"pipeline.stages={args.stages}",
             f"pipeline.microbatches={args.microbatches}", f"train.batch_size={args.batch * replicas}",
             f"train.max_steps={args.steps}", f"train.eval_every={args.steps}", "train.progress=off",
-            "pipeline.threads=1", "pipeline.runtime=dist", "optim.warmup_steps=2", *extra]
+            "pipeline.threads=1", "pipeline.runtime=dist", "optim.warmup_steps=2", *extra,
+            *args.set]
 
 
 def window(n: int) -> tuple[int, int]:
@@ -279,6 +280,8 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=2, help="model chunks per worker of schedule=interleaved")
     ap.add_argument("--replicas", type=int, nargs="*", default=[], help="replica counts R > 1 to run (section 4)")
     ap.add_argument("--replica-schedules", nargs="+", default=["1f1b", "pipedream"])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run, adapipe's and torch's (e.g. pipeline.profile_reps=30)")
     ap.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
     ap.add_argument("--report", default=None, help="print the table of a bench.json that a run wrote, run nothing")
     args = ap.parse_args()
@@ -295,6 +298,8 @@ def main() -> None:
     depths = list(args.stages)
     header = (f"{args.model}, stages {depths}, gloo, 1 thread per worker, batch {args.batch}, {args.microbatches} "
               f"microbatches, {args.steps} steps, {args.repeats} repeats (runs in {out})")
+    if args.set:
+        header += "; " + " ".join(args.set)
     replicas, rsched = [r for r in args.replicas if r > 1], args.replica_schedules if args.replicas else []
     cores = os.cpu_count() or 1
     if cores < max(depths):  # (torch's ranks share them alike: the ratio stays fair, measured/simulated not)

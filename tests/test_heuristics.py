@@ -486,9 +486,10 @@ def test_a_probe_of_async_that_wins_is_kept(name):
     assert undos == [] and len(kept) == 800 and h.current == "async" and kept.count("async") > 600
 
 
-def test_undo_probes_drops_the_adam_warm_up_and_a_probe_of_sync_is_not_tentative():
-    """With undo_probes the Adam family's sync warm-up is 0 by default (a losing probe's damage is
-    undone); a probe of sync from async is never tentative (sync steps do no damage)."""
+def test_the_adam_warm_up_follows_the_start_and_a_probe_of_sync_is_not_tentative():
+    """The Adam family's default sync warm-up applies to a run that starts in sync, with or without
+    undo_probes; a run that starts in async (explicitly, or by the prior under start=auto) has none.
+    A probe of sync from async is never tentative (sync steps do no damage)."""
     cfg = OmegaConf.structured(HeuristicConfig)
     cfg.name, cfg.start, cfg.undo_probes = "goodput", "async", True
     ctx = Context(stages=4, microbatches=1, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
@@ -496,9 +497,26 @@ def test_undo_probes_drops_the_adam_warm_up_and_a_probe_of_sync_is_not_tentative
     h = build_heuristic(cfg, ctx)
     assert h.sync_warmup() == 0
     ds = [h.decide(u) for u in range(400)]
-    assert any(d.phase == "sync" for d in ds) and not any(d.tentative for d in ds)
-    cfg.undo_probes = False
-    assert build_heuristic(cfg, ctx).sync_warmup() == 300
+    assert ds[0].phase == "async" and any(d.phase == "sync" for d in ds) and not any(d.tentative for d in ds)
+    for undo in (True, False):
+        cfg.undo_probes = undo
+        cfg.start = "sync"
+        assert build_heuristic(cfg, ctx).sync_warmup() == 300
+        cfg.start = "async"
+        assert build_heuristic(cfg, ctx).sync_warmup() == 0
+        # auto: R = 2 here, so the prior E picks the start, and with it the warm-up
+        cfg.start = "auto"
+        cfg.prior_efficiency = 0.4  # E x R = 0.8: sync
+        assert build_heuristic(cfg, ctx).current == "sync" and build_heuristic(cfg, ctx).sync_warmup() == 300
+        cfg.prior_efficiency = 0.6  # 1.2: async
+        assert build_heuristic(cfg, ctx).current == "async" and build_heuristic(cfg, ctx).sync_warmup() == 0
+        cfg.prior_efficiency = None
+    # the Adam prior at depth 4: E = 1 / (1 + 0.45 d); one microbatch (d = 3) starts in sync, eight (d = 3/8) in async
+    cfg.start = "auto"
+    for m, phase, warm in ((1, "sync", 300), (8, "async", 0)):
+        ctx.microbatches = m
+        h = build_heuristic(cfg, ctx)
+        assert (h.current, h.sync_warmup()) == (phase, warm)
 
 
 @pytest.mark.parametrize("name", ["rate", "goodput", "gain"])

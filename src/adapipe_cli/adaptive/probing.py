@@ -81,9 +81,11 @@ class Prober(Heuristic):
         return ASYNC if r * self.prior_efficiency() > 1.0 else SYNC
 
     def sync_warmup(self) -> int:
-        """``heuristic.sync_warmup``, or by default ``100 max(3, d)`` steps with the Adam family, d =
-        (p - 1) / m the mean gradient delay of async in steps (300 up to depth 4 with one
-        microbatch, 700 at depth 8), and 0 with Muon.
+        """``heuristic.sync_warmup``, or by default ``100 max(3, d)`` steps with the Adam family when
+        the run starts in sync, d = (p - 1) / m the mean gradient delay of async in steps (300 up to
+        depth 4 with one microbatch, 700 at depth 8); 0 with Muon, and 0 when the run starts in
+        async (``heuristic.start=async``, or ``auto`` with the prior on async: the prior's E already
+        charges the delay, and a start in async meets its first probe of sync after a window).
 
         Measured (AdamW, gpt-micro on tinyshakespeare, depth 4 and 8 with one microbatch of 4, seed
         7, not a grid seed): one probe of async, 40 steps at depth 4 (56 at 8) from step 50, leaves
@@ -95,11 +97,18 @@ class Prober(Heuristic):
         perplexity 120 and level at 105 (step 1210 both, and ahead on the clock): the damage lasts
         while the delay is long against the steps trained, so the warm-up grows with d. Below d = 3
         it is not measured and stays 300. With Muon async led from the start in every cell of the cpu
-        grid, and its early damage is not measured: no warm-up. With ``heuristic.undo_probes`` no
-        warm-up either: a probe of async that async does not clearly win is undone, its damage with it."""
+        grid, and its early damage is not measured: no warm-up. With ``heuristic.undo_probes`` the
+        warm-up is the same, and a probe of async after it that async does not clearly win is undone,
+        its damage with it.
+
+        The start in async skips the warm-up since 2026-12-02: before, the warm-up forced sync
+        whatever the start, so a prior on async (a short delay d, or synthetic data) only began
+        after it, and on the method comparison's synthetic data that cost 32 to 45%. Until then
+        ``undo_probes`` skipped the warm-up instead, which cost 14 to 23% where the run starts in
+        sync: its first probe came early and was undone."""
         if self.cfg.get("sync_warmup") is not None:
             return int(self.cfg.sync_warmup)
-        if self.ctx.extra.get("optimizer") == "muon" or self.undo_probes():
+        if self.ctx.extra.get("optimizer") == "muon" or self.current == ASYNC:
             return 0
         return round(100 * max(3.0, (self.ctx.stages - 1) / self.ctx.microbatches))
 

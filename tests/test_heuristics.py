@@ -506,10 +506,10 @@ def test_the_adam_warm_up_follows_the_start_and_a_probe_of_sync_is_not_tentative
         assert build_heuristic(cfg, ctx).sync_warmup() == 0
         # auto: R = 2 here, so the prior E picks the start, and with it the warm-up
         cfg.start = "auto"
-        cfg.prior_efficiency = 0.4  # E x R = 0.8: sync
-        assert build_heuristic(cfg, ctx).current == "sync" and build_heuristic(cfg, ctx).sync_warmup() == 300
-        cfg.prior_efficiency = 0.6  # 1.2: async
-        assert build_heuristic(cfg, ctx).current == "async" and build_heuristic(cfg, ctx).sync_warmup() == 0
+        for e, phase, warm in ((0.4, "sync", 300), (0.6, "async", 0)):  # E x R = 0.8 and 1.2
+            cfg.prior_efficiency = e
+            h = build_heuristic(cfg, ctx)
+            assert (h.current, h.sync_warmup()) == (phase, warm)
         cfg.prior_efficiency = None
     # the Adam prior at depth 4: E = 1 / (1 + 0.45 d); one microbatch (d = 3) starts in sync, eight (d = 3/8) in async
     cfg.start = "auto"

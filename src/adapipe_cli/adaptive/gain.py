@@ -37,12 +37,15 @@ efficiency falls as the loss flattens), rarely or never when one phase dominates
 the run remains to profit. The first probe is priced the same way, from the prior
 (:meth:`.Prober.prior_phase`) with a relative spread of ``heuristic.prior_spread``.
 
-**A decisive probe is adopted at once.** At the end of a probe's leg the probe is judged on the
+**A decisive probe is adopted at once** (a probe of sync: after the first verdict). At the end of a probe's leg the probe is judged on the
 steps before it and those of its own steps observed by then (decisions run ``lag`` steps ahead
 of the observations, so the last ``lag`` steps of the leg are not seen yet: 12 of 20 at depth 8
 with one microbatch). If the probed phase wins decisively (at least twice the
 goodput, beyond the confidence), it stays current at once, without the return leg to the current
-phase that an interpolating verdict needs (which costs a round trip of switches). With
+phase that an interpolating verdict needs (which costs a round trip of switches). The first
+probe of sync from async always has its return leg: it comes earliest in training, where a trend
+in the phases' merits, which that extrapolation reads as a difference, is steepest, and a run that
+adopts sync then seldom probes async again (:meth:`.Prober.judge_at_leg_end`). With
 ``heuristic.undo_probes`` a probe of async from sync is settled there: kept and adopted if async
 wins it clearly, otherwise undone (the run goes back to its state before the probe, the belief
 keeping the probe's estimate). Otherwise the probe goes on as in ``goodput``.

@@ -320,21 +320,59 @@ def test_gain_probes_a_dominated_phase_less_than_goodput():
     assert probes["gain"] < probes["goodput"]
 
 
-def test_a_decisive_probe_is_adopted_without_the_return_leg():
+def test_the_first_probe_of_sync_from_async_has_its_return_leg():
     """Sync far better (async makes 0.2 of its per-step progress at twice the speed: 0.4 per
-    second, decisive): from async, the first probe of sync is adopted at its end, so the first
-    stretch of sync goes on past the probe's leg (goodput's stops there: it goes back to async for
-    a leg before its verdict)."""
+    second, decisive): from async, gain's first probe of sync is not adopted at its end (a first
+    verdict extrapolates from the steps before the probe), so like goodput it goes back to async
+    for a leg before its verdict, and then settles on sync."""
     far = dict(gain={"sync": 1.0, "async": 0.2}, time={"sync": 1.0, "async": 0.5})
     for name in ("gain", "goodput"):
         h = heuristic(name, start="async")
         phases, settled = drive(h, Env(**far), 400)
         assert settled[-1] == "sync"
-        (_, first_sync), *_ = stretches(phases, "sync")
+        (start, first_sync), (second, _), *_ = stretches(phases, "sync")
+        assert first_sync == h.leg("sync")
+        assert phases[start + first_sync:second] == ["async"] * (second - start - first_sync)
+        assert second - start - first_sync >= h.leg("async") - LAG  # the return leg, then the verdict
+
+
+def test_a_later_decisive_probe_of_sync_is_adopted_without_the_return_leg():
+    """Async leads (0.8 of sync's progress per step at twice the speed) until progress 60, then
+    makes 0.2 (0.4 per second): gain's first probe of sync, before the drop, loses after its
+    return leg; the second, after it, wins decisively and is adopted at its own end, so that
+    stretch of sync goes on past the probe's leg. (Noise 0.003: with the default 0.01 the verdict
+    at the leg's end is sometimes clear but not decisive, and waits for the return leg.)"""
+    class Drop(Env):
+        def run(self, phase):
+            self.gain["async"] = 0.8 if self.progress < 60 else 0.2
+            return super().run(phase)
+
+    h = heuristic("gain", start="async")
+    env = Drop(gain={"sync": 1.0, "async": 0.8}, time={"sync": 1.0, "async": 0.5}, noise=0.003)
+    verdicts = []
+    for phases, d in decisions(h, env, 400):
+        if d.info:
+            verdicts.append((d.phase, d.reason.startswith("decisive at the end of the probe")))
+    assert verdicts[:2] == [("async", False), ("sync", True)]
+    (_, first), (_, second), *_ = stretches(phases[:400], "sync")
+    assert first == h.leg("sync")
+    assert second > h.leg("sync") + h.leg("async")
+
+
+def test_a_first_decisive_probe_of_async_from_sync_is_adopted_at_once():
+    """Async twice sync's progress per second (the same progress per step at twice the speed):
+    from sync, gain adopts its first probe of async at the probe's end (goodput goes back to sync
+    for a leg first)."""
+    fast = dict(gain={"sync": 1.0, "async": 1.0}, time={"sync": 1.0, "async": 0.5})
+    for name in ("gain", "goodput"):
+        h = heuristic(name)
+        phases, settled = drive(h, Env(**fast), 400)
+        assert settled[-1] == "async"
+        (_, first_async), *_ = stretches(phases, "async")
         if name == "gain":
-            assert first_sync > h.leg("sync") + h.leg("async")
+            assert first_async > h.leg("async") + h.leg("sync")
         else:
-            assert first_sync == h.leg("sync")
+            assert first_async == h.leg("async")
 
 
 def test_rate_and_goodput_disagree_when_async_efficiency_drops_at_once():

@@ -157,6 +157,64 @@ def test_no_temporary_or_partial_checkpoint_is_ever_listed(tmp_path):
     assert not (d / "checkpoints" / ".tmp-step-0000009-1-2").exists()
 
 
+def _write(d, step, payload, keep=3):
+    folder = checkpoint.begin(d, step)
+    parts = {"trainer": checkpoint.write_part(folder, "trainer", payload)}
+    return checkpoint.commit(d, folder, step, parts, {}, keep)
+
+
+def _payload(d):
+    folder, manifest = checkpoint.load_latest(d)
+    return folder.name, checkpoint.read_part(folder, manifest, "trainer")
+
+
+def test_a_step_written_again_replaces_its_checkpoint(tmp_path):
+    d = tmp_path / "run"
+    _write(d, 2, {"v": "old"})
+    _write(d, 2, {"v": "new"})
+    assert _payload(d) == ("step-0000002", {"v": "new"})
+    assert sorted(p.name for p in checkpoint.root(d).iterdir()) == ["step-0000002"]
+
+
+def test_a_crash_while_a_step_is_written_again_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """The only checkpoint (keep=1) of step 2 is written again, and the run dies between moving
+    the old one aside and renaming the new one into place: the old one is still listed and
+    verified (a resume's preflight reads it so), and cleaning up puts it back under its name."""
+    d = tmp_path / "run"
+    _write(d, 2, {"v": "old"}, keep=1)
+    real_rename, calls = checkpoint.os.rename, []
+
+    def dies_at_the_second_rename(a, b):
+        calls.append((a, b))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # (the process stops here)
+        real_rename(a, b)
+
+    monkeypatch.setattr(checkpoint.os, "rename", dies_at_the_second_rename)
+    with pytest.raises(KeyboardInterrupt):
+        _write(d, 2, {"v": "new"}, keep=1)
+    monkeypatch.setattr(checkpoint.os, "rename", real_rename)
+    assert not (checkpoint.root(d) / "step-0000002").exists()
+    assert [p.name.startswith(checkpoint.REPLACED) for p in checkpoint.complete(d)] == [True]
+    assert _payload(d)[1] == {"v": "old"}
+    checkpoint.clean_partial(d)
+    assert sorted(p.name for p in checkpoint.root(d).iterdir()) == ["step-0000002"]
+    assert _payload(d) == ("step-0000002", {"v": "old"})
+
+
+def test_a_crash_after_the_replacement_arrived_leaves_the_new_checkpoint(tmp_path, monkeypatch):
+    d = tmp_path / "run"
+    _write(d, 2, {"v": "old"})
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", lambda *a, **k: None)  # the old one is never removed
+    _write(d, 2, {"v": "new"})
+    monkeypatch.undo()
+    assert len(list(checkpoint.root(d).iterdir())) == 2  # the new one and the old one moved aside
+    assert _payload(d) == ("step-0000002", {"v": "new"})
+    checkpoint.clean_partial(d)
+    assert sorted(p.name for p in checkpoint.root(d).iterdir()) == ["step-0000002"]
+    assert _payload(d) == ("step-0000002", {"v": "new"})
+
+
 def _text_run(tmp_path, text: str):
     """A finished 4-step run with a checkpoint, on a local text file; returns (run dir, its overrides)."""
     train_file = tmp_path / "a" / "train.txt"

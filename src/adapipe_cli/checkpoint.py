@@ -4,8 +4,11 @@ Layout: ``RUN_DIR/checkpoints/step-0000123/`` holds one file per part (``trainer
 pipeline's state: ``pipeline.pt`` from the local runtime, or ``stage-S.pt`` from each worker of
 the distributed one) and ``manifest.json``, written last, with every part's size and SHA-256. A
 checkpoint is built in a hidden temporary folder and renamed into place only once complete, so a
-crash at any moment leaves either no new checkpoint or a complete one. Reading verifies the
-manifest and every hash; a damaged checkpoint is reported and the previous one is used instead.
+crash at any moment leaves either no new checkpoint or a complete one. A checkpoint of a step
+written again (a resumed or rolled-back run passing it once more) replaces the old one by two
+renames, the old folder moved aside first: a crash between them leaves the old checkpoint, which is
+still listed and resumed from. Reading verifies the manifest and every hash; a damaged checkpoint
+is reported and the previous one is used instead.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import torch
 
 MANIFEST = "manifest.json"
 PREFIX = "step-"
+REPLACED = ".replaced-"  # a checkpoint moved aside while a new one of its step takes its place
 
 # keys that may differ between a checkpoint and the run that resumes it: none of them changes the
 # numbers a run produces
@@ -161,13 +165,22 @@ def commit(run_dir: Path, folder: Path, step: int, parts: dict[str, dict], meta:
         f.flush()
         os.fsync(f.fileno())
     final = root(run_dir) / f"{PREFIX}{step:07d}"
-    if final.exists():  # the same step written again (a resumed run passing it once more)
-        shutil.rmtree(final)
+    aside = None
+    if final.exists():  # the same step written again (a resumed or rolled-back run passing it once more)
+        aside = root(run_dir) / f"{REPLACED}{final.name}-{os.getpid()}-{time.monotonic_ns()}"
+        os.rename(final, aside)  # (until the next rename, complete() lists it under its own name)
     os.rename(folder, final)
     _fsync_dir(root(run_dir))
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
     for old in complete(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _step_name(aside: Path) -> str:
+    """The name a checkpoint moved aside by :func:`commit` had (``step-0000123``)."""
+    return aside.name[len(REPLACED):len(REPLACED) + len(PREFIX) + 7]
 
 
 def complete(run_dir: Path) -> list[Path]:
@@ -176,16 +189,28 @@ def complete(run_dir: Path) -> list[Path]:
     r = root(run_dir)
     if not r.is_dir():
         return []
-    return sorted(p for p in r.iterdir() if p.name.startswith(PREFIX) and (p / MANIFEST).is_file())
+    found = {p.name: p for p in r.iterdir() if p.name.startswith(PREFIX) and (p / MANIFEST).is_file()}
+    for p in r.iterdir():  # one moved aside whose replacement never arrived stands for its step
+        if p.name.startswith(REPLACED) and (p / MANIFEST).is_file():
+            found.setdefault(_step_name(p), p)
+    return [found[name] for name in sorted(found)]
 
 
 def clean_partial(run_dir: Path) -> None:
-    """Remove temporary folders left by an interrupted write."""
+    """Remove temporary folders left by an interrupted write, and put back a checkpoint moved aside
+    whose replacement never arrived (one whose replacement did is removed)."""
     r = root(run_dir)
     if r.is_dir():
-        for p in r.iterdir():
+        for p in sorted(r.iterdir()):
             if p.name.startswith(".tmp-"):
                 shutil.rmtree(p, ignore_errors=True)
+            elif p.name.startswith(REPLACED):
+                if (p / MANIFEST).is_file() and not (r / _step_name(p) / MANIFEST).is_file():
+                    shutil.rmtree(r / _step_name(p), ignore_errors=True)  # (a folder without a manifest)
+                    os.rename(p, r / _step_name(p))
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+        _fsync_dir(r)
 
 
 def verify(folder: Path) -> dict:

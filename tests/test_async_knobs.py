@@ -143,6 +143,9 @@ def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeyp
     assert times[r] > times[r - 1] + ev["lost_time_s"] * 0.99
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["guard_events"] == 1 and summary["steps"] == 30
+    # the discarded steps (pipedream's, and the tripped one) were all async: their time counts there
+    assert ev["lost_by_phase"]["sync"] == 0 and ev["lost_by_phase"]["async"] == pytest.approx(ev["lost_time_s"])
+    assert summary["phases"][SYNC]["time_s"] + summary["phases"]["async"]["time_s"] == pytest.approx(summary["time_s"])
 
 
 def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys):

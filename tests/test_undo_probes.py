@@ -88,6 +88,13 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
         assert r["time_s"] == pytest.approx(z["time_s"] + (lost if r["step"] >= restored else 0.0), rel=1e-9)
     assert s["undone_probes"] == 1 and s["undone_time_s"] == pytest.approx(lost)
     assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 30
+    # the undone stretch's time counts in the phases it was spent in: the probe's async steps in
+    # async (none of them kept), the sync steps around them in sync
+    by = ev["lost_by_phase"]
+    assert sum(by.values()) == pytest.approx(lost) and by["async"] > LEG * 0.01 and by["sync"] > 0
+    assert s["phases"]["async"] == {"steps": 0, "time_s": pytest.approx(by["async"])}
+    assert s["phases"]["sync"] == {"steps": 30, "time_s": pytest.approx(ref["time_s"] + by["sync"])}
+    assert s["async_fraction"] == pytest.approx(by["async"] / s["time_s"])
 
 
 def test_an_undo_without_a_kept_state_keeps_the_probe(make_cfg, tmp_path, monkeypatch):

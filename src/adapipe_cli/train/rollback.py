@@ -14,6 +14,7 @@ from .. import checkpoint
 from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
+from ..schedules import ASYNC, SYNC
 from .state import RunState
 
 
@@ -33,6 +34,7 @@ class Rollback:
                                    f"lower {rate_keys(self.cfg.optim)} or schedule.async_lr_scale")
         good, state = kept
         lost = (res.time_s + self.st.offset) - state["trainer"]["run"]["time_s"]
+        by_phase = self._lost_by_phase(state["trainer"], lost, res.phase)
         run = dict(state["trainer"]["run"], wall_before=self.st.wall_before)  # wall time runs on
         self._load_state(copy.deepcopy(state))
         # (a tentative probe under way is not undone after this: it goes on as an ordinary probe, as
@@ -44,9 +46,22 @@ class Rollback:
         self.guard.events += 1
         self.log.truncate(state["trainer"]["lines"])
         self.log.write({"kind": "event", "event": "guard", "step": step, "restored_step": good + 1, "reason": reason,
-                        "lost_time_s": lost, "sync_until_step": self.st.forced_until})
+                        "lost_time_s": lost, "lost_by_phase": by_phase, "sync_until_step": self.st.forced_until})
         self.console.say(f"adapipe: step {step}: {reason}; restored step {good + 1}, sync until step {self.st.forced_until}")
         return good + 1
+
+    def _lost_by_phase(self, kept: dict, lost: float, last: str) -> dict[str, float]:
+        """The clock time ``lost`` to a rollback or undo, by the phase it was spent in: each discarded
+        step's increment (the step records written since the ``kept`` trainer state), the rest (a
+        step the guard tripped, never written) in ``last``. The summary counts it in those phases'
+        time (the next step's increment holds it)."""
+        out, prev = {SYNC: 0.0, ASYNC: 0.0}, kept["run"]["time_s"]
+        for r in self.log.records[kept["lines"]:]:
+            if r.get("kind") == "step":
+                out[r["phase"]] += r["time_s"] - prev
+                prev = r["time_s"]
+        out[last] += lost - sum(out.values())
+        return out
 
     def _keep_probe_state(self, step: int) -> None:
         """Keep the run after step ``step`` as the state to undo the tentative probe just decided to."""
@@ -69,6 +84,7 @@ class Rollback:
         state = copy.deepcopy(kept[1])
         tr = state["trainer"]
         lost = self.st.time_s - tr["run"]["time_s"]
+        by_phase = self._lost_by_phase(tr, lost, ASYNC)  # (the probe's steps are all written)
         del tr["phases"][start:]  # (the probe's first step was decided with the snapshot)
         self._load_state(state, heuristic=False)
         self.st = RunState(**dict(tr["run"], wall_before=self.st.wall_before))
@@ -76,7 +92,7 @@ class Rollback:
         self.st.time_s += lost  # (the next step's own time is its step time, as a heuristic observes it)
         self.log.truncate(tr["lines"], drop=lambda r: r.get("event") == "switch" and r.get("step") == start)
         self.log.write({"kind": "event", "event": "undo", "step": start, "restored_step": good + 1, "lost_time_s": lost,
-                        **self.undo_verdict})
+                        "lost_by_phase": by_phase, **self.undo_verdict})
         self.console.say(f"adapipe: the probe of async from step {start} lost: undone, restored step {good + 1} "
                          f"({lost:.3g} s of the clock lost)")
         self.heuristic.rewind(good)

@@ -80,17 +80,23 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     """``summary.json`` of a finished run: ``records`` and ``evals`` as written to ``metrics.jsonl``,
     ``st`` the loop's final state, ``phase`` a plain schedule's one phase (None: adapipe), ``ctx`` the
     heuristic's context (its predicted step times); time in a phase is the sum of its steps'
-    ``time_s`` increments, ``async_fraction`` = async time / ``time_s``; ``driver_peak_rss_mb`` the
+    ``time_s`` increments and of the time lost in it to rollbacks and undone probes (their events'
+    ``lost_by_phase``; ``steps`` counts the steps kept), ``async_fraction`` = async time / ``time_s``; ``driver_peak_rss_mb`` the
     peak resident memory of this process so far (the driver; on local it holds every stage); ``sync``
     the sync schedule the run picked (``schedule.sync=auto``), recorded as ``sync_schedule``."""
     t = cfg.train
     steps = [r for r in records if r.get("kind") == "step"]
     phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
     prev = 0.0
-    for r in steps:
-        phases[r["phase"]]["steps"] += 1
-        phases[r["phase"]]["time_s"] += r["time_s"] - prev
-        prev = r["time_s"]
+    for r in records:
+        if r.get("kind") == "step":
+            phases[r["phase"]]["steps"] += 1
+            phases[r["phase"]]["time_s"] += r["time_s"] - prev
+            prev = r["time_s"]
+        elif "lost_by_phase" in r:  # a rollback's or undo's discarded steps: their phases' time, not the next step's
+            for ph, lost in r["lost_by_phase"].items():
+                phases[ph]["time_s"] += lost
+            prev += r["lost_time_s"]
     reached = [e for e in evals if t.target_ppl and e["val_ppl"] <= t.target_ppl]
     final = evals[-1]
     state = {"steps": st.steps, "tokens": st.tokens, "stopped": st.stopped}

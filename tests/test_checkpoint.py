@@ -176,12 +176,14 @@ def test_a_step_written_again_replaces_its_checkpoint(tmp_path):
     assert sorted(p.name for p in checkpoint.root(d).iterdir()) == ["step-0000002"]
 
 
-def test_a_crash_while_a_step_is_written_again_keeps_the_old_checkpoint(tmp_path, monkeypatch):
-    """The only checkpoint (keep=1) of step 2 is written again, and the run dies between moving
+@pytest.mark.parametrize("step", [2, 12_345_678])  # (a name of 8 digits)
+def test_a_crash_while_a_step_is_written_again_keeps_the_old_checkpoint(tmp_path, monkeypatch, step):
+    """The only checkpoint (keep=1) of a step is written again, and the run dies between moving
     the old one aside and renaming the new one into place: the old one is still listed and
     verified (a resume's preflight reads it so), and cleaning up puts it back under its name."""
     d = tmp_path / "run"
-    _write(d, 2, {"v": "old"}, keep=1)
+    name = f"step-{step:07d}"
+    _write(d, step, {"v": "old"}, keep=1)
     real_rename, calls = checkpoint.os.rename, []
 
     def dies_at_the_second_rename(a, b):
@@ -192,14 +194,14 @@ def test_a_crash_while_a_step_is_written_again_keeps_the_old_checkpoint(tmp_path
 
     monkeypatch.setattr(checkpoint.os, "rename", dies_at_the_second_rename)
     with pytest.raises(KeyboardInterrupt):
-        _write(d, 2, {"v": "new"}, keep=1)
+        _write(d, step, {"v": "new"}, keep=1)
     monkeypatch.setattr(checkpoint.os, "rename", real_rename)
-    assert not (checkpoint.root(d) / "step-0000002").exists()
+    assert not (checkpoint.root(d) / name).exists()
     assert [p.name.startswith(checkpoint.REPLACED) for p in checkpoint.complete(d)] == [True]
     assert _payload(d)[1] == {"v": "old"}
     checkpoint.clean_partial(d)
-    assert sorted(p.name for p in checkpoint.root(d).iterdir()) == ["step-0000002"]
-    assert _payload(d) == ("step-0000002", {"v": "old"})
+    assert sorted(p.name for p in checkpoint.root(d).iterdir()) == [name]
+    assert _payload(d) == (name, {"v": "old"})
 
 
 def test_a_crash_after_the_replacement_arrived_leaves_the_new_checkpoint(tmp_path, monkeypatch):

@@ -332,8 +332,7 @@ def test_the_first_probe_of_sync_from_async_has_its_return_leg():
         assert settled[-1] == "sync"
         (start, first_sync), (second, _), *_ = stretches(phases, "sync")
         assert first_sync == h.leg("sync")
-        assert phases[start + first_sync:second] == ["async"] * (second - start - first_sync)
-        assert second - start - first_sync >= h.leg("async") - LAG  # the return leg, then the verdict
+        assert second - start - first_sync >= h.leg("async")  # the return leg in async, then the verdict
 
 
 def test_a_later_decisive_probe_of_sync_is_adopted_without_the_return_leg():
@@ -341,7 +340,7 @@ def test_a_later_decisive_probe_of_sync_is_adopted_without_the_return_leg():
     makes 0.2 (0.4 per second): gain's first probe of sync, before the drop, loses after its
     return leg; the second, after it, wins decisively and is adopted at its own end, so that
     stretch of sync goes on past the probe's leg. (Noise 0.003: with the default 0.01 the verdict
-    at the leg's end is sometimes clear but not decisive, and waits for the return leg.)"""
+    at the leg's end is decisive on 6 seeds of 20, at 0.003 on 17; this is seed 0.)"""
     class Drop(Env):
         def run(self, phase):
             self.gain["async"] = 0.8 if self.progress < 60 else 0.2

@@ -166,3 +166,21 @@ def test_dist_refuses_periodic_checkpoints_with_undone_probes(make_cfg, tmp_path
     with pytest.raises(ConfigError, match="heuristic.undo_probes on pipeline.runtime=dist does not write periodic"):
         train(make_cfg("schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true", "pipeline.runtime=dist",
                        "pipeline.stages=2", "train.checkpoint_every=5"), tmp_path / "run")
+
+
+def test_the_time_lost_is_split_by_the_phases_of_the_discarded_steps():
+    """A rollback to a state from before an earlier rollback (3 s lost in async): the span
+    discarded now holds that event, a sync step (1 s of its own) and an async one (2 s), and the
+    tripped step's 0.5 s (async). Hand-counted: sync 1, async 3 + 2 + 0.5."""
+    from types import SimpleNamespace
+
+    from adapipe_cli.train.rollback import Rollback
+
+    records = [{"kind": "step", "phase": SYNC, "time_s": 10.0},  # kept
+               {"kind": "event", "event": "guard", "lost_time_s": 3.0, "lost_by_phase": {SYNC: 0.0, ASYNC: 3.0}},
+               {"kind": "step", "phase": SYNC, "time_s": 14.0},  # (its increment holds the 3 s lost)
+               {"kind": "step", "phase": ASYNC, "time_s": 16.0}]
+    fake = SimpleNamespace(log=SimpleNamespace(records=records))
+    kept = {"run": {"time_s": 10.0}, "lines": 1}
+    by = Rollback._lost_by_phase(fake, kept, 16.5 - 10.0, ASYNC)
+    assert by == {SYNC: pytest.approx(1.0), ASYNC: pytest.approx(5.5)}

@@ -179,8 +179,9 @@ def commit(run_dir: Path, folder: Path, step: int, parts: dict[str, dict], meta:
 
 
 def _step_name(aside: Path) -> str:
-    """The name a checkpoint moved aside by :func:`commit` had (``step-0000123``)."""
-    return aside.name[len(REPLACED):len(REPLACED) + len(PREFIX) + 7]
+    """The name a checkpoint moved aside by :func:`commit` had (``step-0000123``; its name is that,
+    the pid and a timestamp)."""
+    return aside.name[len(REPLACED):].rsplit("-", 2)[0]
 
 
 def complete(run_dir: Path) -> list[Path]:
@@ -189,9 +190,10 @@ def complete(run_dir: Path) -> list[Path]:
     r = root(run_dir)
     if not r.is_dir():
         return []
-    found = {p.name: p for p in r.iterdir() if p.name.startswith(PREFIX) and (p / MANIFEST).is_file()}
-    for p in r.iterdir():  # one moved aside whose replacement never arrived stands for its step
-        if p.name.startswith(REPLACED) and (p / MANIFEST).is_file():
+    entries = [p for p in r.iterdir() if (p / MANIFEST).is_file()]  # (one listing: a rename between two would hide a step)
+    found = {p.name: p for p in entries if p.name.startswith(PREFIX)}
+    for p in entries:  # one moved aside whose replacement never arrived stands for its step
+        if p.name.startswith(REPLACED):
             found.setdefault(_step_name(p), p)
     return [found[name] for name in sorted(found)]
 
@@ -233,6 +235,8 @@ def load_latest(run_dir: Path, warn=print) -> tuple[Path, dict]:
     """The newest checkpoint that verifies, as (folder, manifest); damaged ones are reported with
     ``warn`` and skipped."""
     for folder in reversed(complete(run_dir)):
+        if folder.name.startswith(REPLACED) and not folder.exists():  # put back meanwhile by clean_partial
+            folder = root(run_dir) / _step_name(folder)                # (another process of the same run)
         try:
             return folder, verify(folder)
         except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:

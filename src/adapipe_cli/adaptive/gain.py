@@ -42,8 +42,9 @@ steps before it and those of its own steps observed by then (decisions run ``lag
 of the observations, so the last ``lag`` steps of the leg are not seen yet: 12 of 20 at depth 8
 with one microbatch). If the probed phase wins decisively (at least twice the
 goodput, beyond the confidence), it stays current at once, without the return leg to the current
-phase that an interpolating verdict needs (which costs a round trip of switches). The first
-probe of sync from async always has its return leg: it comes earliest in training, where a trend
+phase that an interpolating verdict needs (which costs a round trip of switches). A probe of
+sync at the run's first verdict (a run that starts in async) always has its return leg: it comes
+earliest in training, where a trend
 in the phases' merits, which that extrapolation reads as a difference, is steepest, and a run that
 adopts sync then seldom probes async again (:meth:`.Prober.judge_at_leg_end`). With
 ``heuristic.undo_probes`` a probe of async from sync is settled there: kept and adopted if async

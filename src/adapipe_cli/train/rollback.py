@@ -60,6 +60,10 @@ class Rollback:
             if r.get("kind") == "step":
                 out[r["phase"]] += r["time_s"] - prev
                 prev = r["time_s"]
+            elif "lost_by_phase" in r:  # an earlier rollback or undo in the discarded span (as the summary reads it)
+                for ph, t in r["lost_by_phase"].items():
+                    out[ph] += t
+                prev += r["lost_time_s"]
         out[last] += lost - sum(out.values())
         return out
 

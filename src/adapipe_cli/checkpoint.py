@@ -207,9 +207,10 @@ def clean_partial(run_dir: Path) -> None:
             if p.name.startswith(".tmp-"):
                 shutil.rmtree(p, ignore_errors=True)
             elif p.name.startswith(REPLACED):
-                if (p / MANIFEST).is_file() and not (r / _step_name(p) / MANIFEST).is_file():
-                    shutil.rmtree(r / _step_name(p), ignore_errors=True)  # (a folder without a manifest)
-                    os.rename(p, r / _step_name(p))
+                step = r / _step_name(p)
+                if (p / MANIFEST).is_file() and not (step / MANIFEST).is_file():
+                    shutil.rmtree(step, ignore_errors=True)  # (a folder without a manifest)
+                    os.rename(p, step)
                 else:
                     shutil.rmtree(p, ignore_errors=True)
         _fsync_dir(r)

@@ -14,8 +14,9 @@ from .. import checkpoint
 from ..optim import rate_keys
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
-from ..schedules import ASYNC, SYNC
+from ..schedules import ASYNC
 from .state import RunState
+from .summary import phase_times
 
 
 class Rollback:
@@ -55,15 +56,8 @@ class Rollback:
         step's increment (the step records written since the ``kept`` trainer state), the rest (a
         step the guard tripped, never written) in ``last``. The summary counts it in those phases'
         time (the next step's increment holds it)."""
-        out, prev = {SYNC: 0.0, ASYNC: 0.0}, kept["run"]["time_s"]
-        for r in self.log.records[kept["lines"]:]:
-            if r.get("kind") == "step":
-                out[r["phase"]] += r["time_s"] - prev
-                prev = r["time_s"]
-            elif "lost_by_phase" in r:  # an earlier rollback or undo in the discarded span (as the summary reads it)
-                for ph, t in r["lost_by_phase"].items():
-                    out[ph] += t
-                prev += r["lost_time_s"]
+        spent = phase_times(self.log.records[kept["lines"]:], start=kept["run"]["time_s"])
+        out = {ph: v["time_s"] for ph, v in spent.items()}
         out[last] += lost - sum(out.values())
         return out
 

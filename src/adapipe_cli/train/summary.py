@@ -7,7 +7,7 @@ import resource
 from pathlib import Path
 
 from ..runtime.base import Runtime, StepResult
-from ..schedules import SYNC
+from ..schedules import ASYNC, SYNC
 from .plots import plot_curves, plot_phases
 from .state import RunState
 
@@ -75,6 +75,25 @@ def step_record(r: StepResult, time_s: float, tokens: int, wall: float) -> dict:
             **({"lr_stages": r.lr_stages} if r.lr_stages else {})}
 
 
+def phase_times(records: list[dict], start: float = 0.0) -> dict[str, dict]:
+    """Steps and clock time by phase over ``records`` (``metrics.jsonl``'s, in order) from the clock
+    at ``start``: each step record's ``time_s`` increment, and the time an event lost to a rollback
+    or undone probe in the phases of the steps it discarded (its ``lost_by_phase``; the next step's
+    increment holds that time, so it is taken off there)."""
+    phases = {ph: {"steps": 0, "time_s": 0.0} for ph in (SYNC, ASYNC)}
+    prev = start
+    for r in records:
+        if r.get("kind") == "step":
+            phases[r["phase"]]["steps"] += 1
+            phases[r["phase"]]["time_s"] += r["time_s"] - prev
+            prev = r["time_s"]
+        elif "lost_by_phase" in r:
+            for ph, lost in r["lost_by_phase"].items():
+                phases[ph]["time_s"] += lost
+            prev += r["lost_time_s"]
+    return phases
+
+
 def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall: float, *, runtime: Runtime,
                 clock: str, device, phase: str | None, ctx, min_ppl: float | None, sync: str | None = None) -> dict:
     """``summary.json`` of a finished run: ``records`` and ``evals`` as written to ``metrics.jsonl``,
@@ -86,17 +105,7 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
     the sync schedule the run picked (``schedule.sync=auto``), recorded as ``sync_schedule``."""
     t = cfg.train
     steps = [r for r in records if r.get("kind") == "step"]
-    phases = {ph: {"steps": 0, "time_s": 0.0} for ph in ("sync", "async")}
-    prev = 0.0
-    for r in records:
-        if r.get("kind") == "step":
-            phases[r["phase"]]["steps"] += 1
-            phases[r["phase"]]["time_s"] += r["time_s"] - prev
-            prev = r["time_s"]
-        elif "lost_by_phase" in r:  # a rollback's or undo's discarded steps: their phases' time, not the next step's
-            for ph, lost in r["lost_by_phase"].items():
-                phases[ph]["time_s"] += lost
-            prev += r["lost_time_s"]
+    phases = phase_times(records)
     reached = [e for e in evals if t.target_ppl and e["val_ppl"] <= t.target_ppl]
     final = evals[-1]
     state = {"steps": st.steps, "tokens": st.tokens, "stopped": st.stopped}

@@ -1,0 +1,114 @@
+"""An A/A test of the heuristics' rate estimator (``adapipe_cli.adaptive.estimate.fit_rates``).
+
+For every run given that never switched (a fixed schedule: one phase throughout, so the true
+efficiency E of one "phase" against the other is exactly 1), the script lays a probe's window over
+its training losses as a heuristic would (``window`` steps of the current phase, a probe leg of
+the other, a return leg; the legs' lengths and the steps left out after each switch are the
+heuristic defaults' for the run's depth and microbatches), labels the steps with those phases
+and fits the rates, at probe starts every ``--every`` steps from ``--first`` on, for a probe of
+sync and one of async. A calibrated estimator gives E near 1 with |E - 1| / se above 2 in about 5%
+of windows. Each trend family of the fit is shown side by side.
+
+    python scripts/probe_estimator.py outputs/bench_adapipe --out outputs/probe_estimator
+
+It reads ``*/metrics.jsonl`` under the folders given (and their ``summary.json`` for the depth,
+microbatches and switches), and writes ``estimator.md`` and ``estimator.json`` to ``--out``.
+Only step losses are read: nothing is timed, so the machine's load does not matter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from adapipe_cli.adaptive.estimate import TRENDS, fit_rates
+from adapipe_cli.config.schema import HeuristicConfig
+from adapipe_cli.schedules import ASYNC, SYNC, lookahead
+
+
+def losses(metrics: Path) -> dict[int, float]:
+    out = {}
+    with metrics.open() as f:
+        for line in f:
+            e = json.loads(line)
+            if e.get("kind") == "step":
+                out[e["step"]] = e["loss"]
+    return out
+
+
+def windows(run: Path, first: int, every: int):
+    """(probed phase, probe start, phases, losses) of every A/A window that fits in the run."""
+    summary = json.loads((run / "summary.json").read_text())
+    if summary.get("switches", 0) or summary.get("guard_events", 0):
+        return
+    cfg = HeuristicConfig()
+    look = lookahead(summary["stages"], summary["microbatches"])
+    settle = {ASYNC: 4 * (look + 1), SYNC: look + 1}  # as adaptive.probing.Prober's
+    leg = {ph: cfg.probe_steps + settle[ph] for ph in (SYNC, ASYNC)}
+    L = losses(run / "metrics.jsonl")
+    for probed, current in ((SYNC, ASYNC), (ASYNC, SYNC)):
+        start = first
+        while True:
+            steps = range(start - cfg.window, start + leg[probed] + leg[current])
+            if not all(s in L for s in steps):
+                break
+            phases = [probed if start <= s < start + leg[probed] else current for s in steps]
+            yield probed, start, phases, [L[s] for s in steps], settle
+            start += every
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="+", type=Path, help="folders holding run folders (searched recursively)")
+    ap.add_argument("--first", type=int, default=50, help="first probe start (step)")
+    ap.add_argument("--every", type=int, default=25, help="steps between probe starts")
+    ap.add_argument("--out", type=Path, default=Path("outputs/probe_estimator"))
+    args = ap.parse_args(argv)
+    runs = sorted({m.parent for f in args.folders for m in f.rglob("metrics.jsonl") if (m.parent / "summary.json").exists()})
+    if not runs:
+        print(f"no run folders (metrics.jsonl with summary.json) under {' '.join(map(str, args.folders))}", file=sys.stderr)
+        return 2
+    rows = []
+    for run in runs:
+        for probed, start, phases, ls, settle in windows(run, args.first, args.every):
+            row = {"run": str(run), "probed": probed, "start": start}
+            for trend in TRENDS:
+                r = fit_rates(phases, ls, [1.0] * len(ls), transients=True, settle=settle, trend=trend)
+                if r is None or r.sync <= 0:
+                    row[trend] = None
+                    continue
+                e, se = r.async_ / r.sync, r.diff_se / r.sync
+                row[trend] = {"E": e, "se": se, "z": (e - 1) / se if se > 0 else float("inf")}
+            rows.append(row)
+    if not rows:
+        print("no run long enough without a switch for one window", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = [f"A/A test of `fit_rates` on {len({r['run'] for r in rows})} runs without a switch, {len(rows)} windows "
+             f"(probe starts from step {args.first} every {args.every}); true E = 1.", "",
+             "| trend | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|---|"]
+    summary = {}
+    for trend in TRENDS:
+        for probed in (SYNC, ASYNC, "both"):
+            fits = [r[trend] for r in rows if r[trend] and probed in (r["probed"], "both")]
+            if not fits:
+                continue
+            s = {"windows": len(fits), "median_E": statistics.median(f["E"] for f in fits),
+                 "median_abs_err": statistics.median(abs(f["E"] - 1) for f in fits),
+                 "median_abs_z": statistics.median(abs(f["z"]) for f in fits),
+                 "share_abs_z_over_2": sum(abs(f["z"]) > 2 for f in fits) / len(fits)}
+            summary[f"{trend}/{probed}"] = s
+            lines.append(f"| {trend} | {probed} | {s['windows']} | {s['median_E']:.3f} | {s['median_abs_err']:.3f} | "
+                         f"{s['median_abs_z']:.2f} | {s['share_abs_z_over_2']:.2f} |")
+    (args.out / "estimator.md").write_text("\n".join(lines) + "\n")
+    (args.out / "estimator.json").write_text(json.dumps({"summary": summary, "windows": rows}, indent=1) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {args.out / 'estimator.md'} and estimator.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,13 +1,16 @@
 """An A/A test of the heuristics' rate estimator (``adapipe_cli.adaptive.estimate.fit_rates``).
 
-For every run given that never switched (a fixed schedule: one phase throughout, so the true
-efficiency E of one "phase" against the other is exactly 1), the script lays a probe's window over
-its training losses as a heuristic would (``window`` steps of the current phase, a probe leg of
+For every run given that never switched (one phase throughout, so the true efficiency E of one
+"phase" against the other is exactly 1), the script lays a probe's window over the loss the
+heuristics follow (the held-out batch's ``signal`` where the run logged it, else the training
+loss) as a heuristic would (``window`` steps of the current phase, a probe leg of
 the other, a return leg; the legs' lengths and the steps left out after each switch are the
 heuristic defaults' for the run's depth and microbatches), labels the steps with those phases
 and fits the rates, at probe starts every ``--every`` steps from ``--first`` on, for a probe of
 sync and one of async. A calibrated estimator gives E near 1 with |E - 1| / se above 2 in about 5%
-of windows. Each trend family of the fit is shown side by side.
+of windows. Three variants of the fit side by side: today's (exponential trend, standard error
+inflated for AR(1) residuals), without the inflation, and the one before 2026-12-03 (linear
+deceleration, no inflation).
 
     python scripts/probe_estimator.py outputs/bench_adapipe --out outputs/probe_estimator
 
@@ -24,19 +27,27 @@ import statistics
 import sys
 from pathlib import Path
 
-from adapipe_cli.adaptive.estimate import TRENDS, fit_rates
+from adapipe_cli.adaptive.estimate import fit_rates
 from adapipe_cli.config.schema import HeuristicConfig
 from adapipe_cli.schedules import ASYNC, SYNC, lookahead
 
 
+# the estimator's variants compared: (trend family, AR(1) inflation of the standard error)
+VARIANTS = {"exp+ar1": ("exp", True), "exp": ("exp", False), "linear (before 2026-12-03)": ("linear", False)}
+
+
 def losses(metrics: Path) -> dict[int, float]:
-    out = {}
+    """Each step's ``signal`` (the held-out batch's loss that AdaPipe's heuristics follow, logged by
+    ``schedule=adapipe`` runs, e.g. with ``heuristic=fixed 'heuristic.plan=[[sync,null]]'``), or
+    its training loss in a run that logged no signal (a fixed schedule's)."""
+    steps = []
     with metrics.open() as f:
         for line in f:
             e = json.loads(line)
             if e.get("kind") == "step":
-                out[e["step"]] = e["loss"]
-    return out
+                steps.append(e)
+    key = "signal" if steps and all("signal" in e for e in steps) else "loss"
+    return {e["step"]: e[key] for e in steps}
 
 
 def windows(run: Path, first: int, every: int):
@@ -75,8 +86,8 @@ def main(argv=None) -> int:
     for run in runs:
         for probed, start, phases, ls, settle in windows(run, args.first, args.every):
             row = {"run": str(run), "probed": probed, "start": start}
-            for trend in TRENDS:
-                r = fit_rates(phases, ls, [1.0] * len(ls), transients=True, settle=settle, trend=trend)
+            for trend, (family, ar1) in VARIANTS.items():
+                r = fit_rates(phases, ls, [1.0] * len(ls), transients=True, settle=settle, trend=family, ar1=ar1)
                 if r is None or r.sync <= 0:
                     row[trend] = None
                     continue
@@ -89,9 +100,9 @@ def main(argv=None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     lines = [f"A/A test of `fit_rates` on {len({r['run'] for r in rows})} runs without a switch, {len(rows)} windows "
              f"(probe starts from step {args.first} every {args.every}); true E = 1.", "",
-             "| trend | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|---|"]
+             "| estimator | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|---|"]
     summary = {}
-    for trend in TRENDS:
+    for trend in VARIANTS:
         for probed in (SYNC, ASYNC, "both"):
             fits = [r[trend] for r in rows if r[trend] and probed in (r["probed"], "both")]
             if not fits:
@@ -103,6 +114,16 @@ def main(argv=None) -> int:
             summary[f"{trend}/{probed}"] = s
             lines.append(f"| {trend} | {probed} | {s['windows']} | {s['median_E']:.3f} | {s['median_abs_err']:.3f} | "
                          f"{s['median_abs_z']:.2f} | {s['share_abs_z_over_2']:.2f} |")
+    cells = sorted({Path(r["run"]).parent.name for r in rows})
+    if len(cells) > 1:  # by the folder holding the runs (a bench's cell)
+        lines += ["", "| folder | estimator | windows | median E | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|"]
+        for cell in cells:
+            for trend in VARIANTS:
+                fits = [r[trend] for r in rows if r[trend] and Path(r["run"]).parent.name == cell]
+                if fits:
+                    lines.append(f"| {cell} | {trend} | {len(fits)} | {statistics.median(f['E'] for f in fits):.3f} | "
+                                 f"{statistics.median(abs(f['z']) for f in fits):.2f} | "
+                                 f"{sum(abs(f['z']) > 2 for f in fits) / len(fits):.2f} |")
     (args.out / "estimator.md").write_text("\n".join(lines) + "\n")
     (args.out / "estimator.json").write_text(json.dumps({"summary": summary, "windows": rows}, indent=1) + "\n")
     print("\n".join(lines))

@@ -62,13 +62,14 @@ class Rates:
 # the common trend's family: the grid of its parameter and g at u = (x - x_end) / span in [-1, 0]
 TRENDS = {
     "exp": (np.linspace(-3.0, 6.0, 91), lambda b, u: np.exp(-b * u)),  # g(x_start) = e^b: 0.05 to 403
-    # before 2026-12-03, kept for scripts/probe_estimator.py's comparison: g(x_start) = 1 - b, 5 to 0.1
+    # before 2026-12-03 (with ar1=False), kept for scripts/probe_estimator.py's comparison: g(x_start) = 1 - b, 5 to 0.1
     "linear": (np.linspace(-4.0, 0.9, 80), lambda b, u: 1 + b * u),
 }
 
 
 def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each: int = 3,
-              transients: bool = False, settle: int | dict[str, int] = 0, trend: str = "exp") -> Rates | None:
+              transients: bool = False, settle: int | dict[str, int] = 0, trend: str = "exp",
+              ar1: bool = True) -> Rates | None:
     """Fit the model above to consecutive observations (phase, loss, x-increment of the step).
     Returns None unless both phases have at least ``min_each`` observations. The standard error is
     trustworthy when the window has the same phase on both sides of the other (see
@@ -100,9 +101,12 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
         if best is None or sse < best[0]:
             best = (sse, coef, design)
     sse, coef, design = best
-    # the covariance at the best trend held fixed: on a curve as steep as early training's it
-    # understates the rates' spread somewhat (|z| > 2 in 12 to 14% of A/A windows, 5% if exact)
     sigma2 = sse / max(1, len(design) - design.shape[1] - 1)  # one more degree of freedom for the trend
+    # residuals that follow one another are correlated (a fixed batch's loss moves with the
+    # weights, which change a little each step): the variance of a slope is then (1 + rho) / (1 - rho)
+    # times the independent one, rho the lag-1 autocorrelation of consecutive kept residuals
+    if ar1:
+        sigma2 *= ar1_inflation(y[keep] - design @ coef, np.flatnonzero(keep))
     try:
         cov = sigma2 * np.linalg.inv(design.T @ design)
     except np.linalg.LinAlgError:
@@ -110,3 +114,23 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     var_diff = cov[2, 2] + cov[1, 1] - 2 * cov[1, 2]
     return Rates(sync=coef[1] / span, async_=coef[2] / span, diff_se=float(np.sqrt(max(var_diff, 0.0))) / span, n=n,
                  jumps=tuple(float(c) for c in coef[3:]))
+
+
+def ar1_inflation(resid: np.ndarray, index: np.ndarray, cap: float = 0.95) -> float:
+    """(1 + rho) / (1 - rho) for the lag-1 autocorrelation rho of the residuals over pairs of
+    consecutive steps (``index``: each residual's step; a gap, such as the steps left out after a
+    switch, breaks a pair), rho clipped to [0, ``cap``]: the variance inflation of a least-squares
+    slope under AR(1) noise, 1 for independent noise."""
+    ss = float(resid @ resid)
+    if ss <= 0 or len(resid) < 3:
+        return 1.0
+    pairs = np.flatnonzero(np.diff(index) == 1)
+    rho = float(resid[pairs] @ resid[pairs + 1]) / ss
+    # a stretch's own level is fitted, which biases rho low by about (1 + 3 rho) / n for a stretch
+    # of n steps (Kendall's approximation): undone for the mean stretch length
+    n = len(resid) / (len(resid) - len(pairs))
+    if n > 4:
+        rho = (n * rho + 1) / (n - 3)
+    rho = min(max(rho, 0.0), cap)
+    return (1 + rho) / (1 - rho)
+

@@ -14,6 +14,14 @@ deceleration, no inflation).
 
     python scripts/probe_estimator.py outputs/bench_adapipe --out outputs/probe_estimator
 
+A bench's fixed schedules log only their training loss. To test the heuristics' own signal,
+``--runs-from BENCH_OUT`` first trains, for every cell folder of a ``scripts/bench_adapipe.py``
+output (on its ``profile.json``), AdaPipe with a one-phase plan (``heuristic=fixed``: sync ZB-H1
+throughout, then pipedream+predict throughout; ``--steps`` steps, seed ``--seed``) into
+``FOLDER/CELL/PHASE_sSEED`` of the first folder given, then tests those runs:
+
+    python scripts/probe_estimator.py outputs/aa_signal --runs-from outputs/bench_adapipe --seed 3
+
 It reads ``*/metrics.jsonl`` under the folders given (and their ``summary.json`` for the depth,
 microbatches and switches), and writes ``estimator.md`` and ``estimator.json`` to ``--out``.
 Only step losses are read: nothing is timed, so the machine's load does not matter.
@@ -23,9 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 from adapipe_cli.adaptive.estimate import fit_rates
 from adapipe_cli.config.schema import HeuristicConfig
@@ -71,13 +83,54 @@ def windows(run: Path, first: int, every: int):
             start += every
 
 
+def train_one(job: tuple[str, list[str]]) -> str:
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+    from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.train.loop import train
+
+    run_dir, overrides = job
+    if not (Path(run_dir) / "summary.json").is_file():  # resumable
+        train(compose_config(overrides), Path(run_dir))
+    return run_dir
+
+
+def one_phase_runs(bench: Path, out: Path, seed: int, steps: int, model: str, micro_size: int, jobs: int) -> None:
+    """AdaPipe held in one phase for the whole run, for every cell of a bench_adapipe output."""
+    from bench_adapipe import PREDICT, cell_overrides  # this folder's method comparison
+
+    args = SimpleNamespace(model=model, micro_size=micro_size, steps=steps)
+    todo = []
+    for profile in sorted(bench.glob("*/profile.json")):
+        cell = profile.parent.name
+        m = re.fullmatch(r"(\w+?)_(\w+)_p(\d+)_m(\d+)", cell)
+        if not m:
+            continue
+        base = cell_overrides(args, m[1], m[2], int(m[3]), int(m[4])) + [f"pipeline.profile={profile}", f"seed={seed}",
+                                                                        "schedule=adapipe", "heuristic=fixed", PREDICT]
+        for phase in (SYNC, ASYNC):
+            todo.append((str(out / cell / f"{phase}_s{seed}"), base + [f"heuristic.plan=[[{phase},null]]"]))
+    if not todo:
+        raise SystemExit(f"no cell folder with a profile.json under {bench}")
+    with ProcessPoolExecutor(jobs) as pool:
+        for done in pool.map(train_one, todo):
+            print(f"  {done}", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("folders", nargs="+", type=Path, help="folders holding run folders (searched recursively)")
     ap.add_argument("--first", type=int, default=50, help="first probe start (step)")
     ap.add_argument("--every", type=int, default=25, help="steps between probe starts")
     ap.add_argument("--out", type=Path, default=Path("outputs/probe_estimator"))
+    ap.add_argument("--runs-from", type=Path, help="a bench_adapipe output: train one-phase AdaPipe runs of its cells first")
+    ap.add_argument("--seed", type=int, default=3, help="with --runs-from")
+    ap.add_argument("--steps", type=int, default=200, help="with --runs-from (bench_adapipe's sync steps)")
+    ap.add_argument("--model", default="gpt-micro", help="with --runs-from")
+    ap.add_argument("--micro-size", type=int, default=2, help="with --runs-from")
+    ap.add_argument("--jobs", type=int, default=2, help="with --runs-from: runs in parallel (one thread each)")
     args = ap.parse_args(argv)
+    if args.runs_from:
+        one_phase_runs(args.runs_from, args.folders[0], args.seed, args.steps, args.model, args.micro_size, args.jobs)
     runs = sorted({m.parent for f in args.folders for m in f.rglob("metrics.jsonl") if (m.parent / "summary.json").exists()})
     if not runs:
         print(f"no run folders (metrics.jsonl with summary.json) under {' '.join(map(str, args.folders))}", file=sys.stderr)

@@ -20,13 +20,19 @@ Standard errors come from the residuals, so a heuristic can ignore differences n
 
 Why exponential: early in training the loss's slope falls by 10 to 60 times across one window
 (gpt-micro on the method comparison's synthetic data, steps 20 to 107: from 0.08 to 0.005 per
-step). The linear deceleration used before (``g = 1 + gamma (x - x_end)``, at most 5-fold) could
-not follow it and put the misfit into the phases' rates: labelling stretches of one pure run as
-"sync" and "async" (true E = 1, an A/A test), it gave E = 1.85 (se 0.14) for a probe of sync at
-step 50 and 0.41 (se 0.08) for a probe of async, the fit at the edge of its grid. With the
-exponential the same windows give 1.00 and 0.78, and over 24 such windows |E - 1| / se has median
-0.32 (3.82 before) and exceeds 2 in 8% (67% before). ``scripts/probe_estimator.py`` runs that
-test on any runs' metrics.
+step). The linear deceleration used before 2026-12-03 (``g = 1 + gamma (x - x_end)``, at most
+5-fold) could not follow it and put the misfit into the phases' rates: labelling stretches of one
+run without a switch as a probe's window (true E = 1, an A/A test), its training loss gave E = 1.85
+(se 0.14) for a probe of sync at step 50; the exponential gives 1.00. In the same run AdaPipe's
+own verdict at step 107 read E = 2.11 from its signal, 1.11 with the exponential.
+
+Correlated residuals: the heuristics follow a fixed held-out batch's loss, which wanders with the
+weights, so consecutive residuals are correlated (lag-1 autocorrelation: median 0.76 over the
+A/A windows of dev seed 3 at depth 4), and least squares' standard errors, which assume them
+independent, were several times too small: |E - 1| / se exceeded 2 in 52% of the windows. The
+variance is inflated by (1 + rho) / (1 - rho) (:func:`ar1_inflation`, the AR(1) factor for a
+slope), which brings it to 11% (5% if exact). ``scripts/probe_estimator.py`` runs the A/A test
+(docs/results/estimator/).
 
 A switch has a one-time cost on top of the rates: the pipeline drains or fills, and a switch into
 async trains on weights that become stale all at once, which stirs an oscillation that takes a

@@ -48,30 +48,32 @@ from adapipe_cli.schedules import ASYNC, SYNC, lookahead
 VARIANTS = {"exp+ar1": ("exp", True), "exp": ("exp", False), "linear (before 2026-12-03)": ("linear", False)}
 
 
-def losses(metrics: Path) -> dict[int, float]:
+def losses(metrics: Path, series: str) -> dict[int, float] | None:
     """Each step's ``signal`` (the held-out batch's loss that AdaPipe's heuristics follow, logged by
-    ``schedule=adapipe`` runs, e.g. with ``heuristic=fixed 'heuristic.plan=[[sync,null]]'``), or
-    its training loss in a run that logged no signal (a fixed schedule's)."""
+    ``schedule=adapipe`` runs, e.g. with ``heuristic=fixed 'heuristic.plan=[[sync,null]]'``) or its
+    training ``loss``; with ``auto`` the signal where the run logged it. None: the run has no such
+    series."""
     steps = []
     with metrics.open() as f:
         for line in f:
             e = json.loads(line)
             if e.get("kind") == "step":
                 steps.append(e)
-    key = "signal" if steps and all("signal" in e for e in steps) else "loss"
+    has_signal = bool(steps) and all("signal" in e for e in steps)
+    key = ("signal" if has_signal else "loss") if series == "auto" else series
+    if key == "signal" and not has_signal:
+        return None
     return {e["step"]: e[key] for e in steps}
 
 
-def windows(run: Path, first: int, every: int):
+def windows(run: Path, L: dict[int, float], first: int, every: int):
     """(probed phase, probe start, phases, losses) of every A/A window that fits in the run."""
     summary = json.loads((run / "summary.json").read_text())
-    if summary.get("switches", 0) or summary.get("guard_events", 0):
-        return
     cfg = HeuristicConfig()
-    look = lookahead(summary["stages"], summary["microbatches"])
+    # the heuristics' Context.lookahead: the decision lag (train.build.decision_lag) less one
+    look = lookahead(summary["stages"], summary["microbatches"], summary.get("chunks", 1)) + 1
     settle = {ASYNC: 4 * (look + 1), SYNC: look + 1}  # as adaptive.probing.Prober's
     leg = {ph: cfg.probe_steps + settle[ph] for ph in (SYNC, ASYNC)}
-    L = losses(run / "metrics.jsonl")
     for probed, current in ((SYNC, ASYNC), (ASYNC, SYNC)):
         start = first
         while True:
@@ -121,6 +123,8 @@ def main(argv=None) -> int:
     ap.add_argument("folders", nargs="+", type=Path, help="folders holding run folders (searched recursively)")
     ap.add_argument("--first", type=int, default=50, help="first probe start (step)")
     ap.add_argument("--every", type=int, default=25, help="steps between probe starts")
+    ap.add_argument("--series", choices=["auto", "signal", "loss"], default="auto",
+                    help="the loss fitted: the heuristics' held-out signal, the training loss, or the signal where logged")
     ap.add_argument("--out", type=Path, default=Path("outputs/probe_estimator"))
     ap.add_argument("--runs-from", type=Path, help="a bench_adapipe output: train one-phase AdaPipe runs of its cells first")
     ap.add_argument("--seed", type=int, default=3, help="with --runs-from")
@@ -135,9 +139,18 @@ def main(argv=None) -> int:
     if not runs:
         print(f"no run folders (metrics.jsonl with summary.json) under {' '.join(map(str, args.folders))}", file=sys.stderr)
         return 2
-    rows = []
+    rows, seen = [], set()
     for run in runs:
-        for probed, start, phases, ls, settle in windows(run, args.first, args.every):
+        summary = json.loads((run / "summary.json").read_text())
+        if summary.get("switches", 0) or summary.get("guard_events", 0) or "stages" not in summary:
+            continue
+        L = losses(run / "metrics.jsonl", args.series)
+        # one trajectory once (1F1B and ZB-H1 compute the same numbers, as do pipedream and 2BW at
+        # some depths)
+        if L is None or tuple(L.items()) in seen:
+            continue
+        seen.add(tuple(L.items()))
+        for probed, start, phases, ls, settle in windows(run, L, args.first, args.every):
             row = {"run": str(run), "probed": probed, "start": start}
             for trend, (family, ar1) in VARIANTS.items():
                 r = fit_rates(phases, ls, [1.0] * len(ls), transients=True, settle=settle, trend=family, ar1=ar1)
@@ -145,15 +158,19 @@ def main(argv=None) -> int:
                     row[trend] = None
                     continue
                 e, se = r.async_ / r.sync, r.diff_se / r.sync
-                row[trend] = {"E": e, "se": se, "z": (e - 1) / se if se > 0 else float("inf")}
+                row[trend] = {"E": e, "se": se, "z": (e - 1) / se if se > 0 else float("inf"), "inflation": r.inflation}
             rows.append(row)
     if not rows:
         print("no run long enough without a switch for one window", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    lines = [f"A/A test of `fit_rates` on {len({r['run'] for r in rows})} runs without a switch, {len(rows)} windows "
-             f"(probe starts from step {args.first} every {args.every}); true E = 1.", "",
-             "| estimator | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|---|"]
+    cap = (1 + 0.95) / (1 - 0.95)  # adaptive.estimate.ar1_inflation's cap on rho
+    lines = [f"A/A test of `fit_rates` on {len({r['run'] for r in rows})} distinct runs without a switch ({args.series} "
+             f"series), {len(rows)} windows laid (a fit can fail: the tables count fits; probe starts from step {args.first} every {args.every}; windows overlap, "
+             "so they are not independent); true E = 1. Inflation: the variance factor for correlated residuals "
+             f"(median, and the share of windows at its cap, rho = 0.95).", "",
+             "| estimator | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 | inflation | at cap |",
+             "|---|---|---|---|---|---|---|---|---|"]
     summary = {}
     for trend in VARIANTS:
         for probed in (SYNC, ASYNC, "both"):
@@ -163,10 +180,13 @@ def main(argv=None) -> int:
             s = {"windows": len(fits), "median_E": statistics.median(f["E"] for f in fits),
                  "median_abs_err": statistics.median(abs(f["E"] - 1) for f in fits),
                  "median_abs_z": statistics.median(abs(f["z"]) for f in fits),
-                 "share_abs_z_over_2": sum(abs(f["z"]) > 2 for f in fits) / len(fits)}
+                 "share_abs_z_over_2": sum(abs(f["z"]) > 2 for f in fits) / len(fits),
+                 "median_inflation": statistics.median(f["inflation"] for f in fits),
+                 "share_at_cap": sum(f["inflation"] >= cap * (1 - 1e-9) for f in fits) / len(fits)}
             summary[f"{trend}/{probed}"] = s
             lines.append(f"| {trend} | {probed} | {s['windows']} | {s['median_E']:.3f} | {s['median_abs_err']:.3f} | "
-                         f"{s['median_abs_z']:.2f} | {s['share_abs_z_over_2']:.2f} |")
+                         f"{s['median_abs_z']:.2f} | {s['share_abs_z_over_2']:.2f} | {s['median_inflation']:.1f} | "
+                         f"{s['share_at_cap']:.2f} |")
     cells = sorted({Path(r["run"]).parent.name for r in rows})
     if len(cells) > 1:  # by the folder holding the runs (a bench's cell)
         lines += ["", "| folder | estimator | windows | median E | median abs(z) | share abs(z) > 2 |", "|---|---|---|---|---|---|"]

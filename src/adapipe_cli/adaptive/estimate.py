@@ -21,18 +21,19 @@ Standard errors come from the residuals, so a heuristic can ignore differences n
 Why exponential: early in training the loss's slope falls by 10 to 60 times across one window
 (gpt-micro on the method comparison's synthetic data, steps 20 to 107: from 0.08 to 0.005 per
 step). The linear deceleration used before 2026-12-03 (``g = 1 + gamma (x - x_end)``, at most
-5-fold) could not follow it and put the misfit into the phases' rates: labelling stretches of one
-run without a switch as a probe's window (true E = 1, an A/A test), its training loss gave E = 1.85
-(se 0.14) for a probe of sync at step 50; the exponential gives 1.00. In the same run AdaPipe's
-own verdict at step 107 read E = 2.11 from its signal, 1.11 with the exponential.
+5-fold) could not follow it and put the misfit into the phases' rates: labelling stretches of
+runs without a switch as a probe's window (true E = 1, an A/A test), their training losses gave a
+median E of 1.81 for probes of sync and 0.57 for probes of async (0.95 and 1.19 with the
+exponential). AdaPipe's own verdict at step 107 of one such run (depth 4, 8 microbatches, dev
+seed 3) read E = 2.11 from its signal before and 1.11 with the exponential.
 
 Correlated residuals: the heuristics follow a fixed held-out batch's loss, which wanders with the
-weights, so consecutive residuals are correlated (lag-1 autocorrelation: median 0.76 over the
-A/A windows of dev seed 3 at depth 4), and least squares' standard errors, which assume them
-independent, were several times too small: |E - 1| / se exceeded 2 in 52% of the windows. The
-variance is inflated by (1 + rho) / (1 - rho) (:func:`ar1_inflation`, the AR(1) factor for a
-slope), which brings it to 11% (5% if exact). ``scripts/probe_estimator.py`` runs the A/A test
-(docs/results/estimator/).
+weights, so consecutive residuals are strongly correlated, and least squares' standard errors,
+which assume them independent, were several times too small: on that signal |E - 1| / se
+exceeded 2 in 58% of the A/A windows (68% with the linear trend). The variance is inflated by
+(1 + rho) / (1 - rho) (:func:`ar1_inflation`, the AR(1) factor for a slope; median 26, and rho
+at its cap of 0.95 in 42% of the windows), which brings it to 6% (5% if exact).
+``scripts/probe_estimator.py`` runs the A/A test (docs/results/estimator/).
 
 A switch has a one-time cost on top of the rates: the pipeline drains or fills, and a switch into
 async trains on weights that become stale all at once, which stirs an oscillation that takes a
@@ -59,6 +60,7 @@ class Rates:
     diff_se: float  # standard error of async_ - sync
     n: int
     jumps: tuple[float, ...] = ()  # loss jump at each phase change in the window, in order
+    inflation: float = 1.0  # the factor the variance was inflated by for correlated residuals
 
     @property
     def diff(self) -> float:
@@ -111,15 +113,15 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     # residuals that follow one another are correlated (a fixed batch's loss moves with the
     # weights, which change a little each step): the variance of a slope is then (1 + rho) / (1 - rho)
     # times the independent one, rho the lag-1 autocorrelation of consecutive kept residuals
-    if ar1:
-        sigma2 *= ar1_inflation(y[keep] - design @ coef, np.flatnonzero(keep))
+    inflation = ar1_inflation(y[keep] - design @ coef, np.flatnonzero(keep)) if ar1 else 1.0
+    sigma2 *= inflation
     try:
         cov = sigma2 * np.linalg.inv(design.T @ design)
     except np.linalg.LinAlgError:
         return None
     var_diff = cov[2, 2] + cov[1, 1] - 2 * cov[1, 2]
     return Rates(sync=coef[1] / span, async_=coef[2] / span, diff_se=float(np.sqrt(max(var_diff, 0.0))) / span, n=n,
-                 jumps=tuple(float(c) for c in coef[3:]))
+                 jumps=tuple(float(c) for c in coef[3:]), inflation=inflation)
 
 
 def ar1_inflation(resid: np.ndarray, index: np.ndarray, cap: float = 0.95) -> float:
@@ -133,9 +135,10 @@ def ar1_inflation(resid: np.ndarray, index: np.ndarray, cap: float = 0.95) -> fl
     pairs = np.flatnonzero(np.diff(index) == 1)
     rho = float(resid[pairs] @ resid[pairs + 1]) / ss
     # a stretch's own level is fitted, which biases rho low by about (1 + 3 rho) / n for a stretch
-    # of n steps (Kendall's approximation): undone for the mean stretch length
+    # of n steps (Kendall's approximation): undone for the mean stretch length, where stretches are
+    # long enough for it (a probe's window has stretches of 20 to 30 steps)
     n = len(resid) / (len(resid) - len(pairs))
-    if n > 4:
+    if n >= 10:
         rho = (n * rho + 1) / (n - 3)
     rho = min(max(rho, 0.0), cap)
     return (1 + rho) / (1 - rho)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import sys
@@ -39,7 +38,11 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
-from adapipe_cli.adaptive.estimate import fit_rates
+from omegaconf import OmegaConf
+
+from adapipe_cli.adaptive.base import Context
+from adapipe_cli.adaptive.estimate import RHO_CAP, fit_rates
+from adapipe_cli.adaptive.probing import Prober
 from adapipe_cli.config.schema import HeuristicConfig
 from adapipe_cli.schedules import ASYNC, SYNC, lookahead
 
@@ -66,39 +69,27 @@ def losses(metrics: Path, series: str) -> dict[int, float] | None:
     return {e["step"]: e[key] for e in steps}
 
 
-def windows(run: Path, L: dict[int, float], first: int, every: int):
-    """(probed phase, probe start, phases, losses) of every A/A window that fits in the run."""
-    summary = json.loads((run / "summary.json").read_text())
-    cfg = HeuristicConfig()
+def windows(summary: dict, L: dict[int, float], first: int, every: int):
+    """(probed phase, probe start, phases, losses) of every A/A window that fits in the run of
+    ``summary`` (its ``summary.json``), with the heuristics' default window, legs and settling."""
+    p, m = summary["stages"], summary["microbatches"]
     # the heuristics' Context.lookahead: the decision lag (train.build.decision_lag) less one
-    look = lookahead(summary["stages"], summary["microbatches"], summary.get("chunks", 1)) + 1
-    settle = {ASYNC: 4 * (look + 1), SYNC: look + 1}  # as adaptive.probing.Prober's
-    leg = {ph: cfg.probe_steps + settle[ph] for ph in (SYNC, ASYNC)}
+    ctx = Context(p, m, max(L) + 1, lookahead(p, m, summary.get("chunks", 1)) + 1)
+    h = Prober(OmegaConf.structured(HeuristicConfig(start=SYNC)), ctx)
     for probed, current in ((SYNC, ASYNC), (ASYNC, SYNC)):
         start = first
         while True:
-            steps = range(start - cfg.window, start + leg[probed] + leg[current])
+            steps = range(start - h.cfg.window, start + h.leg(probed) + h.leg(current))
             if not all(s in L for s in steps):
                 break
-            phases = [probed if start <= s < start + leg[probed] else current for s in steps]
-            yield probed, start, phases, [L[s] for s in steps], settle
+            phases = [probed if start <= s < start + h.leg(probed) else current for s in steps]
+            yield probed, start, phases, [L[s] for s in steps], h.settle
             start += every
-
-
-def train_one(job: tuple[str, list[str]]) -> str:
-    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
-    from adapipe_cli.cli.compose import compose_config
-    from adapipe_cli.train.loop import train
-
-    run_dir, overrides = job
-    if not (Path(run_dir) / "summary.json").is_file():  # resumable
-        train(compose_config(overrides), Path(run_dir))
-    return run_dir
 
 
 def one_phase_runs(bench: Path, out: Path, seed: int, steps: int, model: str, micro_size: int, jobs: int) -> None:
     """AdaPipe held in one phase for the whole run, for every cell of a bench_adapipe output."""
-    from bench_adapipe import PREDICT, cell_overrides  # this folder's method comparison
+    from bench_adapipe import PREDICT, cell_overrides, run_one  # this folder's method comparison
 
     args = SimpleNamespace(model=model, micro_size=micro_size, steps=steps)
     todo = []
@@ -114,8 +105,8 @@ def one_phase_runs(bench: Path, out: Path, seed: int, steps: int, model: str, mi
     if not todo:
         raise SystemExit(f"no cell folder with a profile.json under {bench}")
     with ProcessPoolExecutor(jobs) as pool:
-        for done in pool.map(train_one, todo):
-            print(f"  {done}", flush=True)
+        for done in pool.map(run_one, todo):  # (resumable: a finished run is not repeated)
+            print(f"  {done['dir']}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -150,7 +141,7 @@ def main(argv=None) -> int:
         if L is None or tuple(L.items()) in seen:
             continue
         seen.add(tuple(L.items()))
-        for probed, start, phases, ls, settle in windows(run, L, args.first, args.every):
+        for probed, start, phases, ls, settle in windows(summary, L, args.first, args.every):
             row = {"run": str(run), "probed": probed, "start": start}
             for trend, (family, ar1) in VARIANTS.items():
                 r = fit_rates(phases, ls, [1.0] * len(ls), transients=True, settle=settle, trend=family, ar1=ar1)
@@ -164,11 +155,11 @@ def main(argv=None) -> int:
         print("no run long enough without a switch for one window", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    cap = (1 + 0.95) / (1 - 0.95)  # adaptive.estimate.ar1_inflation's cap on rho
+    cap = (1 + RHO_CAP) / (1 - RHO_CAP)
     lines = [f"A/A test of `fit_rates` on {len({r['run'] for r in rows})} distinct runs without a switch ({args.series} "
              f"series), {len(rows)} windows laid (a fit can fail: the tables count fits; probe starts from step {args.first} every {args.every}; windows overlap, "
              "so they are not independent); true E = 1. Inflation: the variance factor for correlated residuals "
-             f"(median, and the share of windows at its cap, rho = 0.95).", "",
+             f"(median, and the share of windows at its cap, rho = {RHO_CAP}).", "",
              "| estimator | probed | windows | median E | median abs(E - 1) | median abs(z) | share abs(z) > 2 | inflation | at cap |",
              "|---|---|---|---|---|---|---|---|---|"]
     summary = {}

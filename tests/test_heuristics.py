@@ -187,6 +187,16 @@ def test_trend_corrected_fit_recovers_the_phase_rates():
     assert fit_rates(["sync"] * 10, losses[:10], dx[:10]) is None
 
 
+def aa_window(probed: str) -> tuple[range, list[str]]:
+    """The steps and phase labels of a probe's window over one run: 30 steps of the current phase
+    from step 20, a probe of ``probed`` from step 50 (its leg 23 steps for sync, 28 for async), a
+    return leg."""
+    leg = {"sync": 23, "async": 28}
+    current = "async" if probed == "sync" else "sync"
+    steps = range(20, 50 + leg[probed] + leg[current])
+    return steps, [probed if 50 <= s < 50 + leg[probed] else current for s in steps]
+
+
 @pytest.mark.parametrize("probed", ["sync", "async"])
 @pytest.mark.parametrize("curve", ["exponential", "power law"])
 def test_the_rate_fit_is_unbiased_on_one_run_labelled_as_two_phases(probed, curve):
@@ -200,10 +210,7 @@ def test_the_rate_fit_is_unbiased_on_one_run_labelled_as_two_phases(probed, curv
     linear deceleration used before 2026-12-03 read either curve as a difference between the
     phases."""
     rng = np.random.default_rng(1)
-    leg = {"sync": 23, "async": 28}
-    current = "async" if probed == "sync" else "sync"
-    steps = range(20, 50 + leg[probed] + leg[current])
-    phases = [probed if 50 <= s < 50 + leg[probed] else current for s in steps]
+    steps, phases = aa_window(probed)
     shape = (lambda s: 1.1 + 4.5 * math.exp(-s / 18)) if curve == "exponential" else (lambda s: 1.0 + 60 / (s + 10))
     es, zs, es_linear = [], [], []
     for trial in range(100):
@@ -247,8 +254,7 @@ def test_the_rate_fit_is_roughly_calibrated_under_autocorrelated_noise():
     weights: the heuristics' signal had a median lag-1 autocorrelation of residuals of 0.76 on the
     method comparison's runs). Without the inflation |z| > 2 in 57% of them."""
     rng = np.random.default_rng(2)
-    steps = range(20, 50 + 23 + 28)
-    phases = ["sync" if 50 <= s < 73 else "async" for s in steps]
+    steps, phases = aa_window("sync")
     zs, es, zs_plain = [], [], []
     for trial in range(100):
         e, noise = 0.0, []

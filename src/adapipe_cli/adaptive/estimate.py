@@ -107,13 +107,13 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
         resid = y[keep] - design @ coef
         sse = float(resid @ resid)
         if best is None or sse < best[0]:
-            best = (sse, coef, design)
-    sse, coef, design = best
+            best = (sse, coef, design, resid)
+    sse, coef, design, resid = best
     sigma2 = sse / max(1, len(design) - design.shape[1] - 1)  # one more degree of freedom for the trend
     # residuals that follow one another are correlated (a fixed batch's loss moves with the
     # weights, which change a little each step): the variance of a slope is then (1 + rho) / (1 - rho)
     # times the independent one, rho the lag-1 autocorrelation of consecutive kept residuals
-    inflation = ar1_inflation(y[keep] - design @ coef, np.flatnonzero(keep)) if ar1 else 1.0
+    inflation = ar1_inflation(resid, np.flatnonzero(keep)) if ar1 else 1.0
     sigma2 *= inflation
     try:
         cov = sigma2 * np.linalg.inv(design.T @ design)
@@ -124,7 +124,10 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
                  jumps=tuple(float(c) for c in coef[3:]), inflation=inflation)
 
 
-def ar1_inflation(resid: np.ndarray, index: np.ndarray, cap: float = 0.95) -> float:
+RHO_CAP = 0.95  # the largest lag-1 autocorrelation ar1_inflation believes (an inflation of 39)
+
+
+def ar1_inflation(resid: np.ndarray, index: np.ndarray, cap: float = RHO_CAP) -> float:
     """(1 + rho) / (1 - rho) for the lag-1 autocorrelation rho of the residuals over pairs of
     consecutive steps (``index``: each residual's step; a gap, such as the steps left out after a
     switch, breaks a pair), rho clipped to [0, ``cap``]: the variance inflation of a least-squares

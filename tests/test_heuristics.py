@@ -492,20 +492,52 @@ def test_expected_improvement_against_monte_carlo():
 
 
 def test_gain_belief_is_a_kalman_filter_over_the_probes():
-    """Prior E0 with variance P0; a probe at step s2 after the belief's step s1 widens it by
-    (drift E log2(s2/s1))^2, then weighs the estimate by precision (written out by hand)."""
-    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_spread=0.5, drift=0.25)
-    assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(0.09), 30)  # (0.5 x 0.6)^2; warm-up 0 + window
+    """Prior E0 with variance P0 = (prior_logit_sd E_d (1 - E_d))^2, E_d = 1 / (1 + 0.45 d) the
+    delay's prior (d = 3/2 here); a probe at step s2 after the belief's step s1 widens it by
+    (drift max(E, 1/R) log2(s2/s1))^2, then weighs the estimate by precision (written out by hand)."""
+    e_d = 1 / (1 + 0.45 * 3 / 2)
+    p0 = (1.0 * e_d * (1 - e_d)) ** 2
+    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_logit_sd=1.0, drift=0.25)
+    assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(p0), 30)  # warm-up 0 + window
     h.update(120, 0.8, 0.1, R=2.0)  # two doublings: widened by (0.25 x 0.6 x 2)^2 = 0.09 (E above 1/R)
-    k = 0.18 / (0.18 + 0.01)
-    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * 0.18) and h.belief_step == 120
+    k = (p0 + 0.09) / (p0 + 0.09 + 0.01)
+    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * (p0 + 0.09)) and h.belief_step == 120
     h.update(120, 0.2, 1e9, R=2.0)  # a useless probe changes nothing
     assert h.E == pytest.approx(0.6 + k * 0.2, rel=1e-6)
-    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.25 x 0.5)^2
-    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_spread=0.5, drift=0.25)
+    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.25 x 0.5)^2;
+    # the prior's spread is the delay's, whatever prior_efficiency says
+    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_logit_sd=1.0, drift=0.25)
+    assert h.var == pytest.approx(p0)
     h.update(60, 0.3, 0.1, R=2.0)
-    k = (0.01 + 0.125 ** 2) / (0.01 + 0.125 ** 2 + 0.01)
-    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (0.01 + 0.125 ** 2))
+    k = (p0 + 0.125 ** 2) / (p0 + 0.125 ** 2 + 0.01)
+    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (p0 + 0.125 ** 2))
+
+
+@pytest.mark.parametrize("stages,micro,optimizer,e_d", [
+    (4, 8, "adamw", 1 / (1 + 0.45 * 3 / 8)), (8, 8, "adamw", 1 / (1 + 0.45 * 7 / 8)),
+    (4, 1, "adamw", 1 / (1 + 0.45 * 3)), (8, 1, "adamw", 1 / (1 + 0.45 * 7)), (8, 1, "muon", 1 / (1 + 0.14 * 7)),
+])
+def test_gain_prior_spread_is_in_logit_efficiency(stages, micro, optimizer, e_d):
+    """The prior's sd of E is prior_logit_sd x E_d (1 - E_d): narrow for a short delay (8
+    microbatches: async is nearly sync whatever the data), wide for a long one."""
+    h = heuristic("gain", start="async", prior_logit_sd=0.7)
+    h.ctx.stages, h.ctx.microbatches, h.ctx.extra["optimizer"] = stages, micro, optimizer
+    h = type(h)(h.cfg, h.ctx)
+    assert h.E == pytest.approx(e_d) and math.sqrt(h.var) == pytest.approx(0.7 * e_d * (1 - e_d))
+
+
+def test_gain_probes_a_short_delay_later_than_a_long_one_at_the_same_goodput():
+    """The same prior goodput G0 = E_d R just above break-even, in an open-ended run: where the
+    delay is short (p = 4, m = 8) the prior is narrow and the first probe of sync is worth its cost
+    later than where it is long (p = 4, m = 1)."""
+    first = {}
+    for micro in (1, 8):
+        h = heuristic("gain", start="async")
+        h.ctx.microbatches, h.ctx.extra["open_ended"] = micro, True
+        e_d = 1 / (1 + 0.45 * 3 / micro)
+        h.ctx.sync_step_time, h.ctx.async_step_time = 1.05 / e_d, 1.0  # G0 = 1.05
+        first[micro] = type(h)(h.cfg, h.ctx).next_probe
+    assert first[8] > first[1], first
 
 
 @pytest.mark.parametrize("seed", [0, 1, 3])

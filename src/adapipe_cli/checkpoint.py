@@ -45,7 +45,10 @@ FREE_KEYS = {
 # keys newer than some checkpoints, with the value that keeps what a run did before they existed:
 # a checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
-         "heuristic.drift": 0.25, "heuristic.prior_spread": 0.5}
+         "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0}
+# keys that no longer exist, which a checkpoint may hold: gain's relative prior spread, replaced by
+# its spread in logit E on 2026-12-03 (a gain run resumes with the belief of the code it resumes on)
+RETIRED = {"heuristic.prior_spread"}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}
@@ -253,7 +256,7 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
-            if a is None and prefix in SINCE and b == SINCE[prefix]:
+            if (a is None and prefix in SINCE and b == SINCE[prefix]) or (b is None and prefix in RETIRED):
                 return
             if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")

@@ -17,8 +17,20 @@ steps 100 and 200 as between 1000 and 2000, so without news the belief widens wi
 the probes of a dominated phase come at about geometric intervals. The drift is relative to G or
 to break-even, whichever is larger: relative to G alone, an async phase found far behind early
 (G = 0.3, as AdamW's stale gradients at the start of training) could never drift back to 1 and
-would not be probed again, however much its efficiency rose. A probe at t switches only if the other phase is better, so it
-is worth its expected improvement (the normal's partial expectation beyond break-even),
+would not be probed again, however much its efficiency rose.
+
+**The prior's spread is in logit E** = log(E / (1 - E)), which for E = 1 / (1 + k d) is
+-log(k d): an uncertain sensitivity k of the training to the gradient delay d. In E it is
+``heuristic.prior_logit_sd`` times E_d (1 - E_d) (the delta method), E_d = 1 / (1 + k d) the
+delay's prior (:meth:`.Prober.delay_efficiency`): wide for a long delay, where async may lose half
+its progress or all of it, narrow for a short one, where async is nearly sync whatever the data
+(E -> 1 as d -> 0). Measured on the method comparison's seeds 0-5 (``scripts/calibrate_prior.py``,
+docs/results/prior/: synthetic and tinyshakespeare, AdamW and Muon, depths 4 and 8, 1 and 8
+microbatches, 20 cells), (E - E_d) / (E_d (1 - E_d)) has a root mean square of 1.10 at d < 1 and
+0.91 at d >= 1 (1.01 in all: the default 1.0), while E's error relative to E_d has 0.20 and 0.56:
+the relative spread before (0.5 x E) was 2.5 times too wide at 8 microbatches. The drift stays
+relative (nothing measured it). A probe at t
+switches only if the other phase is better, so it is worth its expected improvement (the normal's partial expectation beyond break-even),
 
     EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
 
@@ -35,7 +47,7 @@ predicted, and the loss jumps measured at the last probe's switches). The next p
 when the estimate is uncertain or drifts toward break-even (the late phase, where async's
 efficiency falls as the loss flattens), rarely or never when one phase dominates or too little of
 the run remains to profit. The first probe is priced the same way, from the prior
-(:meth:`.Prober.prior_phase`) with a relative spread of ``heuristic.prior_spread``.
+(:meth:`.Prober.prior_phase`) with a spread of ``heuristic.prior_logit_sd`` in logit E.
 
 **A decisive probe is adopted at once** (a probe of sync: after the first verdict). At the end of a probe's leg the probe is judged on the
 steps before it and those of its own steps observed by then (decisions run ``lag`` steps ahead
@@ -77,7 +89,9 @@ class Gain(Prober):
         super().__init__(cfg, ctx)
         # the belief about E: the prior, then a Kalman filter over the probes' estimates
         self.E = self.prior_efficiency()
-        self.var = (cfg.prior_spread * self.E) ** 2
+        e_d = self.delay_efficiency()
+        self.scale = e_d * (1.0 - e_d)  # sd of E per unit of sd of logit E
+        self.var = (cfg.prior_logit_sd * self.scale) ** 2
         first = self.next_probe  # the warm-up and one window (Prober's)
         self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)

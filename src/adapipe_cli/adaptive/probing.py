@@ -126,6 +126,12 @@ class Prober(Heuristic):
           earlier k = 0.25 came from per-stage clipping and an earlier target."""
         if self.cfg.prior_efficiency is not None:
             return float(self.cfg.prior_efficiency)
+        return self.delay_efficiency()
+
+    def delay_efficiency(self) -> float:
+        """E_d = 1 / (1 + k d), the prior efficiency of the run's gradient delay d = (p - 1) / m
+        and its optimizer's k (:meth:`prior_efficiency`), whatever ``heuristic.prior_efficiency``
+        says."""
         k = 0.14 if self.ctx.extra.get("optimizer") == "muon" else 0.45
         return 1.0 / (1.0 + k * (self.ctx.stages - 1) / self.ctx.microbatches)
 

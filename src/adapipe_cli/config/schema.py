@@ -127,7 +127,10 @@ class HeuristicConfig:
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
     drift: float = 0.25  # gain: relative sd of the unseen drift of async's goodput per doubling of the step
-    prior_spread: float = 0.5  # gain: relative sd of the prior goodput that prices the first probe
+    # gain: sd of the prior's logit efficiency, logit E = log(E / (1 - E)): E's sd is prior_logit_sd x
+    # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
+    # the root mean square of its errors on the method comparison's seeds 0-5 (scripts/calibrate_prior.py)
+    prior_logit_sd: float = 1.0
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # steps in sync before async is run or probed (an async stretch early in training does lasting

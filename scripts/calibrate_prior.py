@@ -1,0 +1,130 @@
+"""How wrong is the prior efficiency that prices gain's first probe? (AdaPipe #13)
+
+``heuristic=gain`` starts from a prior E_d = 1 / (1 + k d) for async's statistical efficiency (its
+progress per step over sync's; d = (p - 1) / m the gradient delay in steps, k by optimizer:
+:meth:`adapipe_cli.adaptive.probing.Prober.delay_efficiency`) and a spread that decides whether a
+first probe is worth its cost. This script measures the prior's error on the cells of
+``scripts/bench_adapipe.py`` outputs: for each cell and seed set, the efficiency that counts is
+
+    E = G / R,   G = sync-zb's time to the target / pipedream+predict's,   R = t_sync / t_async
+
+(G: async's progress per second over sync's; R: the predicted step-time ratio of AdaPipe's two
+phases, ZB-H1 and pipedream+predict, from the cell's cost profile), and the error in the units of a
+spread in logit E, z = (E - E_d) / (E_d (1 - E_d)), beside the relative error (E - E_d) / E_d. The
+root mean square of z over the cells is ``heuristic.prior_logit_sd``.
+
+    python scripts/calibrate_prior.py docs/results/bench_adapipe/results.json \\
+        docs/results/bench_adapipe/heldout/results.json --out docs/results/prior
+
+A results file holds medians over its seeds; each file counts once per cell. A cell whose async
+never reached the target has E = 0. The profiles are the ones beside the results (``CELL/
+profile.json`` in the results file's folder) or else measured here into ``--profiles``, one after
+another: run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_adapipe as bench  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cell_context(cell: str, profile: Path) -> tuple[float, float]:
+    """(R, E_d) of a bench cell ``DATA_OPTIM_pP_mM``: AdaPipe's predicted step-time ratio and its
+    delay prior, as the run's own set-up computes them."""
+    from adapipe_cli.cli.compose import compose_config
+    from adapipe_cli.train.setup import RunSetup
+
+    data, optim, p, m = parse(cell)
+    args = argparse.Namespace(model="gpt-micro", micro_size=2, steps=200)
+    overrides = (bench.cell_overrides(args, data, optim, p, m) + [f"pipeline.profile={profile}"]
+                 + bench.methods(p, m, [])["adapipe-gain+predict"])
+    with tempfile.TemporaryDirectory() as d:
+        setup = RunSetup(compose_config(overrides), Path(d))
+        setup.runtime.close()
+    ctx = setup.ctx
+    return ctx.sync_step_time / ctx.async_step_time, setup.heuristic.delay_efficiency()
+
+
+def parse(cell: str) -> tuple[str, str, int, int]:
+    data, optim, p, m = cell.split("_")
+    return data, optim, int(p[1:]), int(m[1:])
+
+
+def profile_of(cell: str, results: Path, profiles: Path) -> Path:
+    beside = results.parent / cell / "profile.json"
+    if beside.is_file():
+        return beside
+    args = argparse.Namespace(model="gpt-micro", micro_size=2, steps=200)
+    return bench.measure_cell_profile(profiles, args, *parse(cell))
+
+
+def errors(files: list[Path], profiles: Path) -> list[dict]:
+    rows, context = [], {}
+    for f in files:
+        cells: dict[str, dict[str, float | None]] = {}
+        for r in json.loads(f.read_text()):
+            cells.setdefault(r["cell"], {})[r["method"]] = r["ttt_median"]
+        for cell, ttt in cells.items():
+            if ttt.get("sync-zb") is None or "pipedream+predict" not in ttt:
+                continue
+            if cell not in context:  # one profile per cell, whichever file names it first
+                context[cell] = cell_context(cell, profile_of(cell, f, profiles))
+            R, e_d = context[cell]
+            pp = ttt["pipedream+predict"]
+            G = ttt["sync-zb"] / pp if pp else 0.0  # async never reached the target: no progress that counts
+            E = G / R
+            _, optim, p, m = parse(cell)
+            rows.append({"file": str(f), "cell": cell, "optim": optim, "d": (p - 1) / m, "R": R, "E_d": e_d,
+                         "G": G, "E": E, "relative": (E - e_d) / e_d, "z": (E - e_d) / (e_d * (1 - e_d))})
+    return rows
+
+
+def rms(xs: list[float]) -> float:
+    return math.sqrt(sum(x * x for x in xs) / len(xs)) if xs else float("nan")
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["| results | cell | d | R | E_d | G | E | (E - E_d) / E_d | z = (E - E_d) / (E_d (1 - E_d)) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {Path(r['file']).parent.name} | {r['cell']} | {r['d']:.3f} | {r['R']:.3f} | {r['E_d']:.3f} | "
+                     f"{r['G']:.3f} | {r['E']:.3f} | {r['relative']:+.2f} | {r['z']:+.2f} |")
+    lines += ["", "| delays | cells | rms relative error | rms z |", "|---|---|---|---|"]
+    for name, keep in (("d < 1", lambda r: r["d"] < 1), ("d >= 1", lambda r: r["d"] >= 1), ("all", lambda r: True)):
+        sel = [r for r in rows if keep(r)]
+        lines.append(f"| {name} | {len(sel)} | {rms([r['relative'] for r in sel]):.2f} | {rms([r['z'] for r in sel]):.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", nargs="+", type=Path, help="results.json files of scripts/bench_adapipe.py")
+    ap.add_argument("--profiles", type=Path, default=REPO / "outputs" / "calibrate_prior",
+                    help="where the cells' profiles are measured when none lies beside the results")
+    ap.add_argument("--out", type=Path, default=None, help="write prior.md and prior.json here")
+    args = ap.parse_args()
+    os.environ.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
+    missing = [str(f) for f in args.results if not f.is_file()]
+    if missing:
+        ap.error(f"no such results file: {missing[0]}")
+    rows = errors(args.results, args.profiles)
+    text = report(rows)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "prior.md").write_text(text)
+        (args.out / "prior.json").write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -540,6 +540,24 @@ def test_gain_probes_a_short_delay_later_than_a_long_one_at_the_same_goodput():
     assert first[8] > first[1], first
 
 
+def test_gain_prices_the_first_probe_as_noisy_as_probe_se():
+    """Before any probe, a probe's estimate is taken to be as noisy as heuristic.probe_se (in E; x R
+    in goodput): the preposterior spread s = sd^2 / sqrt(sd^2 + n^2) shrinks, so the first probe
+    comes later than for a probe that would reveal E exactly (n = 0, the rule before), and much
+    later where it can reveal almost nothing. After a probe its own standard error counts."""
+    first = {}
+    for se in (0.0, 0.5, 50.0):
+        h = heuristic("gain", start="async", probe_se=se)
+        h.ctx.extra["open_ended"] = True
+        h.ctx.sync_step_time, h.ctx.async_step_time = 1.05 * 1.675, 1.0  # G0 = 1.05 (E_d = 1 / 1.675)
+        first[se] = type(h)(h.cfg, h.ctx).next_probe
+    assert first[0.0] < first[0.5] < 10 * first[0.5] < first[50.0], first
+    h = heuristic("gain", start="async", probe_se=50.0)
+    h.probes.append((100, 1.05, 0.0))  # a probe that measured E exactly: the next is priced as exact
+    g, sd = 1.05, math.sqrt(h.var) * h.R()
+    assert h.worth_probing(100, 130, g, sd, "async", {}) < first[0.5] * 10
+
+
 @pytest.mark.parametrize("seed", [0, 1, 3])
 def test_gain_returns_to_a_phase_that_was_far_behind(seed):
     """Async 0.6x sync's progress per second at first, 1.6x late (sync early, async late, as AdamW

@@ -45,7 +45,8 @@ FREE_KEYS = {
 # keys newer than some checkpoints, with the value that keeps what a run did before they existed:
 # a checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
-         "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0}
+         "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0,
+         "heuristic.probe_se": 0.5}
 # keys that no longer exist, which a checkpoint may hold: gain's relative prior spread, replaced by
 # its spread in logit E on 2026-12-03 (a gain run resumes with the belief of the code it resumes on)
 RETIRED = {"heuristic.prior_spread"}

@@ -36,7 +36,12 @@ switches only if the other phase is better, so it is worth its expected improvem
 
 with s the spread of what the probe can reveal, ``s = sd^2 / sqrt(sd^2 + n^2)`` for a probe as
 noisy as the last one (standard error n; the preposterior spread of a normal belief): a probe of a
-flat stretch of the loss, as noisy as the belief, is worth little.
+flat stretch of the loss, as noisy as the belief, is worth little. Before the first probe n is
+``heuristic.probe_se`` x R: until 2026-12-03 it was 0, which valued a first probe as if it
+revealed E exactly, while the A/A test of the estimator on the heuristics' own signal (dev seed 3,
+depth 4, docs/results/estimator/signal/) gives a probe's E a standard error of 0.49 at the median
+of 62 windows (0.62 for the 16 at step 50, the first probe's place): wider than the calibrated
+prior at 8 microbatches, so that a first probe there can change little.
 
 over the time left, ``V(t) = EI(t) x H(t) x step time of the current phase``, H(t) the steps left
 (to ``max_steps``; in a run that stops at a target, whose end is unknown, as many as have passed,
@@ -174,7 +179,9 @@ class Gain(Prober):
         # within the margin may be believed the worse one)
         cost = (max(0.0, sign * (g - 1.0)) * self.leg(probed) * times[probed]
                 + 2 * ctx.switch_time * rate[current] + self.switch_steps * times[SYNC])
-        noise = self.probes[-1][2] if self.probes else 0.0
+        # before any probe, the standard error a probe's estimate of E has on this signal
+        # (heuristic.probe_se): a first probe reveals E no more exactly than later ones
+        noise = self.probes[-1][2] if self.probes else c.probe_se * self.R()
         stride = max(1, c.window // 3)
         for t in range(earliest, ctx.max_steps, stride):
             dt = t - now

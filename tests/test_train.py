@@ -129,6 +129,8 @@ BAD = [
     (["pipeline.stages", "4"], "'pipeline.stages' is not an override: write key=value with no spaces, e.g. pipeline.stages=4"),
     (["heuristic.start=soon"], "heuristic.start='soon'"),
     (["heuristic=gain", "heuristic.drift=-0.1"], "heuristic.drift=-0.1: give a spread >= 0"),
+    (["heuristic=gain", "heuristic.prior_logit_sd=-1"], "heuristic.prior_logit_sd=-1.0: give a spread >= 0"),
+    (["heuristic=gain", "heuristic.prior_spread=0.5"], "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd"),
     (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
     (["optim.beta1=1.5"], "optim.beta1=1.5: give a value in [0, 1)"),
     (["optim.eps=-1"], "optim.eps=-1: give a value >= 0"),

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from .config import RETIRED_KEYS
+
 MANIFEST = "manifest.json"
 PREFIX = "step-"
 REPLACED = ".replaced-"  # a checkpoint moved aside while a new one of its step takes its place
@@ -47,9 +49,7 @@ FREE_KEYS = {
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
          "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0,
          "heuristic.probe_se": 0.5}
-# keys that no longer exist, which a checkpoint may hold: gain's relative prior spread, replaced by
-# its spread in logit E on 2026-12-03 (a gain run resumes with the belief of the code it resumes on)
-RETIRED = {"heuristic.prior_spread"}
+
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}
@@ -257,7 +257,7 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
-            if (a is None and prefix in SINCE and b == SINCE[prefix]) or (b is None and prefix in RETIRED):
+            if (a is None and prefix in SINCE and b == SINCE[prefix]) or (b is None and prefix in RETIRED_KEYS):
                 return
             if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")

@@ -6,6 +6,8 @@ import re
 import sys
 from typing import NoReturn
 
+from ..config import RETIRED_KEYS
+
 EXIT_USAGE = 2
 
 
@@ -34,6 +36,8 @@ def hydra_message(e: BaseException, command: str = "train") -> str:
     if m:
         key = re.search(r"full_key: (\S+)", text)
         name = key.group(1) if key else m.group(1)
+        if name in RETIRED_KEYS:
+            return f"config key '{name}' was retired: use {RETIRED_KEYS[name]}"
         return f"unknown config key '{name}': check its spelling (adapipe {command} --help lists the groups and keys)"
     m = re.search(r"Value '([^']*)'.*?could not be converted to (\w+)", text, re.S)
     if m:

@@ -114,6 +114,14 @@ def _schedule_class() -> type:
 ScheduleConfig = _schedule_class()
 
 
+# keys that no longer exist, and what replaced them: a run that names one is refused with this
+# line, and a checkpoint that holds one resumes (with the code it resumes on)
+RETIRED_KEYS = {
+    "heuristic.prior_spread": "heuristic.prior_logit_sd, gain's prior spread in logit E since 2026-12-03 "
+                              "(the sd of E is prior_logit_sd x E_d (1 - E_d); default 1.0)",
+}
+
+
 @dataclass
 class HeuristicConfig:
     name: str = "fixed"

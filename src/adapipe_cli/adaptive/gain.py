@@ -29,8 +29,10 @@ docs/results/prior/: synthetic and tinyshakespeare, AdamW and Muon, depths 4 and
 microbatches, 20 cells), (E - E_d) / (E_d (1 - E_d)) has a root mean square of 1.10 at d < 1 and
 0.91 at d >= 1 (1.01 in all: the default 1.0), while E's error relative to E_d has 0.20 and 0.56:
 the relative spread before (0.5 x E) was 2.5 times too wide at 8 microbatches. The drift stays
-relative (nothing measured it). A probe at t
-switches only if the other phase is better, so it is worth its expected improvement (the normal's partial expectation beyond break-even),
+relative (nothing measured it).
+
+A probe at t switches only if the other phase is better, so it is worth its expected improvement
+(the normal's partial expectation beyond break-even),
 
     EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
 

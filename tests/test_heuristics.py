@@ -545,17 +545,20 @@ def test_gain_prices_the_first_probe_as_noisy_as_probe_se():
     in goodput): the preposterior spread s = sd^2 / sqrt(sd^2 + n^2) shrinks, so the first probe
     comes later than for a probe that would reveal E exactly (n = 0, the rule before), and much
     later where it can reveal almost nothing. After a probe its own standard error counts."""
-    first = {}
-    for se in (0.0, 0.5, 50.0):
+    def built(se):
         h = heuristic("gain", start="async", probe_se=se)
         h.ctx.extra["open_ended"] = True
         h.ctx.sync_step_time, h.ctx.async_step_time = 1.05 * 1.675, 1.0  # G0 = 1.05 (E_d = 1 / 1.675)
-        first[se] = type(h)(h.cfg, h.ctx).next_probe
-    assert first[0.0] < first[0.5] < 10 * first[0.5] < first[50.0], first
-    h = heuristic("gain", start="async", probe_se=50.0)
-    h.probes.append((100, 1.05, 0.0))  # a probe that measured E exactly: the next is priced as exact
-    g, sd = 1.05, math.sqrt(h.var) * h.R()
-    assert h.worth_probing(100, 130, g, sd, "async", {}) < first[0.5] * 10
+        return type(h)(h.cfg, h.ctx)
+
+    first = {se: built(se).next_probe for se in (0.0, 0.5, 50.0)}
+    assert first[0.0] < first[0.5], first
+    assert 10 * first[0.5] < first[50.0], first
+    h = built(50.0)
+    R = h.R()
+    g, sd = h.E * R, math.sqrt(h.var) * R
+    h.probes.append((100, g, 0.0))  # a probe that measured E exactly: the next is priced as exact
+    assert h.worth_probing(100, 130, g, sd, R, "async", {}) < 10 * first[0.5]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 3])

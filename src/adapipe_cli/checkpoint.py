@@ -44,8 +44,10 @@ FREE_KEYS = {
     # like another thread count's, but moving a run is what the key is for)
     "pipeline.device",
 }
-# keys newer than some checkpoints, with the value that keeps what a run did before they existed:
-# a checkpoint without the key resumes when the run leaves it there
+# keys newer than some checkpoints, with the value that keeps what a run did before they existed
+# (gain's prior_logit_sd and probe_se: their defaults, which only price a first probe; a resumed
+# gain run restores its belief and its next probe): a checkpoint without the key resumes when the
+# run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
          "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0, "heuristic.probe_se": 0.5}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints

@@ -8,6 +8,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from ..config import RETIRED_KEYS
 from . import signals
 from .compose import HELP_FLAGS, check_overrides, compose_or_fail
 from .errors import EXIT_USAGE, fail
@@ -82,9 +83,9 @@ def _torchrun_rank(cfg) -> int | None:
 
 
 def _resume_overrides(overrides: list[str]) -> list[str]:
-    """``train.resume=RUN_DIR``: the run's own overrides (from RUN_DIR/.hydra/overrides.yaml), then
-    the ones given now, and Hydra's output directory set to RUN_DIR, so that the run continues in
-    place with its own configuration."""
+    """``train.resume=RUN_DIR``: the run's own overrides (from RUN_DIR/.hydra/overrides.yaml, less
+    any of :data:`..config.RETIRED_KEYS`), then the ones given now, and Hydra's output directory
+    set to RUN_DIR, so that the run continues in place with its own configuration."""
     given = [a.split("=", 1)[1] for a in overrides if a.startswith("train.resume=")]
     if not given or given[-1] in ("", "null"):
         return overrides
@@ -97,7 +98,9 @@ def _resume_overrides(overrides: list[str]) -> list[str]:
     import yaml
 
     saved = yaml.safe_load(saved_file.read_text()) if saved_file.is_file() else []
-    keep = [a for a in saved if not a.startswith(("hydra.", "train.resume="))]
+    # (a retired key the run was given is dropped: the checkpoint's comparison passes over it too)
+    keep = [a for a in saved if not a.startswith(("hydra.", "train.resume="))
+            and a.split("=", 1)[0].lstrip("+~") not in RETIRED_KEYS]
     out = [*keep, *(a if not a.startswith("train.resume=") else f"train.resume={run_dir}" for a in overrides)]
     if not any(a.startswith("hydra.run.dir=") for a in out):
         out.append(f"hydra.run.dir={run_dir}")

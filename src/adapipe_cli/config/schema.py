@@ -137,7 +137,7 @@ class HeuristicConfig:
     drift: float = 0.25  # gain: relative sd of the unseen drift of async's goodput per doubling of the step
     # gain: sd of the prior's logit efficiency, logit E = log(E / (1 - E)): E's sd is prior_logit_sd x
     # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
-    # the root mean square of its errors on the method comparison's seeds 0-5 (scripts/calibrate_prior.py)
+    # the root mean square of its errors on 20 rows of the method comparison's seeds 0-5 (scripts/calibrate_prior.py)
     prior_logit_sd: float = 1.0
     # gain: the standard error of E that a probe is expected to have before one has been made (the
     # median of the estimator's A/A test on the heuristics' signal, dev seed 3: 0.49)

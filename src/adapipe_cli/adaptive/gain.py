@@ -30,8 +30,7 @@ Muon, depths 4 and 8, 1 and 8 microbatches, seeds 3-5 at synthetic AdamW), (E - 
 E_d)) has a root mean square of 1.10 at d < 1 and 0.91 at d >= 1 (1.01 in all: the default 1.0;
 0.78 and 0.97 without the two rows where async never reached the target, whose E = 0 is a bound),
 while E's error relative to E_d has 0.20 and 0.56: the relative spread before (0.5 x E) was 2.5
-times too wide at 8 microbatches. The drift stays
-relative (nothing measured it).
+times too wide at 8 microbatches. The drift stays relative (nothing measured it).
 
 A probe at t switches only if the other phase is better, so it is worth its expected improvement
 (the normal's partial expectation beyond break-even),

@@ -494,23 +494,49 @@ def test_expected_improvement_against_monte_carlo():
 def test_gain_belief_is_a_kalman_filter_over_the_probes():
     """Prior E0 with variance P0 = (prior_logit_sd E_d (1 - E_d))^2, E_d = 1 / (1 + 0.45 d) the
     delay's prior (d = 3/2 here); a probe at step s2 after the belief's step s1 widens it by
-    (drift max(E, 1/R) log2(s2/s1))^2, then weighs the estimate by precision (written out by hand)."""
+    (delay_drift k d max(E, 1/R) log2(s2/s1))^2, k d = 0.45 x 1.5 = 0.675, then weighs the
+    estimate by precision (written out by hand)."""
     e_d = 1 / (1 + 0.45 * 3 / 2)
     p0 = (1.0 * e_d * (1 - e_d)) ** 2
-    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_logit_sd=1.0, drift=0.25)
+    drift = 0.4 * 0.675  # delay_drift x k d
+    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_logit_sd=1.0, delay_drift=0.4)
     assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(p0), 30)  # warm-up 0 + window
-    h.update(120, 0.8, 0.1, R=2.0)  # two doublings: widened by (0.25 x 0.6 x 2)^2 = 0.09 (E above 1/R)
-    k = (p0 + 0.09) / (p0 + 0.09 + 0.01)
-    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * (p0 + 0.09)) and h.belief_step == 120
+    h.update(120, 0.8, 0.1, R=2.0)  # two doublings: widened by (0.27 x 0.6 x 2)^2 (E above 1/R)
+    w = (drift * 0.6 * 2) ** 2
+    k = (p0 + w) / (p0 + w + 0.01)
+    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * (p0 + w)) and h.belief_step == 120
     h.update(120, 0.2, 1e9, R=2.0)  # a useless probe changes nothing
     assert h.E == pytest.approx(0.6 + k * 0.2, rel=1e-6)
-    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.25 x 0.5)^2;
+    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.27 x 0.5)^2;
     # the prior's spread is the delay's, whatever prior_efficiency says
-    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_logit_sd=1.0, drift=0.25)
+    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_logit_sd=1.0, delay_drift=0.4)
     assert h.var == pytest.approx(p0)
     h.update(60, 0.3, 0.1, R=2.0)
-    k = (p0 + 0.125 ** 2) / (p0 + 0.125 ** 2 + 0.01)
-    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (p0 + 0.125 ** 2))
+    w = (drift * 0.5) ** 2
+    k = (p0 + w) / (p0 + w + 0.01)
+    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (p0 + w))
+
+
+@pytest.mark.parametrize("stages,micro,optimizer,kd", [
+    (4, 8, "adamw", 0.45 * 3 / 8), (4, 1, "adamw", 0.45 * 3), (8, 1, "muon", 0.14 * 7), (4, 2, "adamw", 0.675),
+])
+def test_gain_drift_grows_with_the_delay(stages, micro, optimizer, kd):
+    """The unseen drift per doubling is delay_drift x k d (written out: k = 0.45 for AdamW, 0.14
+    for Muon, d = (p - 1) / m): a short delay drifts little, a long one much; at the observation
+    streams' d = 3/2 the default 0.37 is the relative drift of 0.25 that gain used before."""
+    cfg = OmegaConf.structured(HeuristicConfig)
+    cfg.name, cfg.start, cfg.delay_drift = "gain", "async", 0.37
+    ctx = Context(stages=stages, microbatches=micro, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
+                  async_step_time=0.5, extra={"optimizer": optimizer})
+    h = build_heuristic(cfg, ctx)
+    drift = 0.37 * kd
+    assert h.drift == pytest.approx(drift)
+    # the belief widens by it: from E = 0.9 (above 1/R) with no spread, one doubling, then a probe as
+    # noisy as the widened belief is weighed 1/2
+    h.E, h.var, start = 0.9, 0.0, h.belief_step
+    h.update(2 * start, 1.0, drift * 0.9, R=2.0)
+    assert h.E == pytest.approx(0.95) and h.var == pytest.approx(0.5 * (drift * 0.9) ** 2)
+    assert heuristic("gain", start="async").drift == pytest.approx(0.25, abs=1e-3)  # the streams' d = 3/2, the default
 
 
 @pytest.mark.parametrize("stages,micro,optimizer,e_d", [

@@ -49,7 +49,7 @@ FREE_KEYS = {
 # gain run restores its belief and its next probe): a checkpoint without the key resumes when the
 # run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
-         "heuristic.drift": 0.25, "heuristic.prior_logit_sd": 1.0, "heuristic.probe_se": 0.5}
+         "heuristic.delay_drift": 0.37, "heuristic.prior_logit_sd": 1.0, "heuristic.probe_se": 0.5}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}

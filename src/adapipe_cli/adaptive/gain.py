@@ -11,13 +11,25 @@ heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
     mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps (0 before two)
     sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta max(G_s, 1) log2(t / s))^2
 
-``se_s`` the standard error of the smoothed estimate, ``delta`` = ``heuristic.drift`` the
-relative drift that no trend shows, per doubling of the step: training changes as much between
-steps 100 and 200 as between 1000 and 2000, so without news the belief widens with log-time and
-the probes of a dominated phase come at about geometric intervals. The drift is relative to G or
-to break-even, whichever is larger: relative to G alone, an async phase found far behind early
-(G = 0.3, as AdamW's stale gradients at the start of training) could never drift back to 1 and
-would not be probed again, however much its efficiency rose.
+``se_s`` the standard error of the smoothed estimate, ``delta`` the relative drift that no trend
+shows, per doubling of the step: training changes as much between steps 100 and 200 as between
+1000 and 2000, so without news the belief widens with log-time and the probes of a dominated phase
+come at about geometric intervals. The drift is relative to G or to break-even, whichever is
+larger: relative to G alone, an async phase found far behind early (G = 0.3, as AdamW's stale
+gradients at the start of training) could never drift back to 1 and would not be probed again,
+however much its efficiency rose.
+
+**The drift grows with the delay**: ``delta = heuristic.delay_drift x k d``, k d = 1 / E_d - 1 the
+delay's sensitivity (E_d below). Measured (``scripts/calibrate_drift.py``, docs/results/drift/: E
+between successive loss bands of sync-zb's and pipedream+predict's validation curves, its slope
+per doubling, relative to max(E, 1/R); seeds 9-11 of the four AdamW and four Muon cells that start
+in async, and dev seed 3): with AdamW at d = 3 E rose from 0.26-0.39 to 0.85 between
+steps 30 and 120 (relative drift 0.42-0.48 per doubling), at d = 3/8 on synthetic data it stayed
+at 0.96-1.05 (0.02-0.05); over 8 cells with AdamW and Muon the median drift over k d is 0.33. The
+default 0.37 is the relative drift of 0.25 that gain used at every delay until 2026-12-03, at the
+observation streams' d = 3/2, whose crossing needs it (tests/test_heuristics.py); a drift that
+did not shrink with the delay brought a probe of sync at 8 microbatches before the target in
+every held-out run that started in async (7 to 12% of a run at depth 8).
 
 **The prior's spread is in logit E** = log(E / (1 - E)), which for E = 1 / (1 + k d) is
 -log(k d): an uncertain sensitivity k of the training to the gradient delay d. In E it is
@@ -30,7 +42,7 @@ Muon, depths 4 and 8, 1 and 8 microbatches, seeds 3-5 at synthetic AdamW), (E - 
 E_d)) has a root mean square of 1.10 at d < 1 and 0.91 at d >= 1 (1.01 in all: the default 1.0;
 0.78 and 0.97 without the two rows where async never reached the target, whose E = 0 is a bound),
 while E's error relative to E_d has 0.20 and 0.56: the relative spread before (0.5 x E) was 2.5
-times too wide at 8 microbatches. The drift stays relative (nothing measured it).
+times too wide at 8 microbatches.
 
 A probe at t switches only if the other phase is better, so it is worth its expected improvement
 (the normal's partial expectation beyond break-even),
@@ -99,6 +111,8 @@ class Gain(Prober):
         self.E = self.prior_efficiency()
         e_d = self.delay_efficiency()
         self.var = (cfg.prior_logit_sd * e_d * (1.0 - e_d)) ** 2  # (E's sd per unit of logit E's: E_d (1 - E_d))
+        # the relative drift per doubling of the step: heuristic.delay_drift x k d (k d = 1 / E_d - 1)
+        self.drift = cfg.delay_drift * (1.0 / e_d - 1.0)
         first = self.next_probe  # the warm-up and one window (Prober's)
         self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)
@@ -112,10 +126,10 @@ class Gain(Prober):
         return self.ctx.sync_step_time / self.ctx.async_step_time if self.ctx.async_step_time > 0 else 1.0
 
     def update(self, step: int, e_hat: float, se: float, R: float) -> None:
-        """One Kalman step: the belief widens by the unseen drift since the last probe (``drift``
+        """One Kalman step: the belief widens by the unseen drift since the last probe (``self.drift``
         per doubling of the step, relative to E or to break-even 1/R, whichever is larger), then
         takes in the probe's estimate by its precision."""
-        widen = self.cfg.drift * max(abs(self.E), 1.0 / R if R > 0 else 0.0) * math.log2(max(step, 1) / self.belief_step)
+        widen = self.drift * max(abs(self.E), 1.0 / R if R > 0 else 0.0) * math.log2(max(step, 1) / self.belief_step)
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = self.E + k * (e_hat - self.E), (1 - k) * prior_var, max(step, 1)
@@ -190,7 +204,7 @@ class Gain(Prober):
             m = sign * (g + b * dt - 1.0)
             # scale-free: as much per doubling of the step, relative to G or to break-even (1),
             # whichever is larger: a phase far behind can still come back
-            unseen = c.drift * max(abs(g), 1.0) * math.log2(t / max(now, 1))
+            unseen = self.drift * max(abs(g), 1.0) * math.log2(t / max(now, 1))
             sd2 = se * se + var_b * dt * dt + unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)

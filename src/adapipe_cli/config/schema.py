@@ -119,6 +119,8 @@ ScheduleConfig = _schedule_class()
 RETIRED_KEYS = {
     "heuristic.prior_spread": "heuristic.prior_logit_sd, gain's prior spread in logit E since 2026-12-03 "
                               "(the sd of E is prior_logit_sd x E_d (1 - E_d); default 1.0)",
+    "heuristic.drift": "heuristic.delay_drift, gain's drift per doubling of the step per unit of the delay's k d since "
+                       "2026-12-03 (the drift is delay_drift x k d; default 0.37, which is 0.25 at d = 1.5)",
 }
 
 
@@ -134,7 +136,10 @@ class HeuristicConfig:
     margin: float = 0.05  # relative gain a switch must promise beyond its cost
     confidence: float = 2.0  # standard errors a difference must exceed to count
     smoothing: float = 0.5  # goodput: weight of the old E in the running estimate
-    drift: float = 0.25  # gain: relative sd of the unseen drift of async's goodput per doubling of the step
+    # gain: relative sd of the unseen drift of async's goodput per doubling of the step, per unit of the
+    # delay's k d (= 1 / E_d - 1): 0.37 x k d, 0.25 at the observation streams' d = 1.5 (the drift before),
+    # 0.50 at AdamW's d = 3 and 0.06 at d = 3/8, as measured (scripts/calibrate_drift.py)
+    delay_drift: float = 0.37
     # gain: sd of the prior's logit efficiency, logit E = log(E / (1 - E)): E's sd is prior_logit_sd x
     # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
     # the root mean square of its errors on 20 rows of the method comparison's seeds 0-5 (scripts/calibrate_prior.py)

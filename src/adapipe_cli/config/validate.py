@@ -163,7 +163,7 @@ def _check_schedule(cfg) -> None:
           "model.tie_embeddings=true needs a synchronous schedule when pipeline.stages > 1 (the first and last "
           "stage sum their embedding gradients at a flush): use schedule=1f1b, gpipe, zbh1 or zbh2, or untied embeddings")
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
-    for key in ("drift", "prior_logit_sd", "probe_se"):  # spreads: a negative one would be squared into a valid-looking one
+    for key in ("delay_drift", "prior_logit_sd", "probe_se"):  # spreads: a negative one would be squared into a valid-looking one
         _need(cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
     w = cfg.heuristic.sync_warmup
     _need(w is None or w >= 0, f"heuristic.sync_warmup={w}: give a number of steps >= 0 (0: none), or null for the optimizer's default")

@@ -8,7 +8,10 @@
    (``--chunks`` per worker) against ``ScheduleInterleaved1F1B`` with as many stages per rank.
 2. adapipe's dist step time (1F1B, PipeDream and an AdaPipe run) / the simulator's prediction
    from the run's own profile.json: its measured costs and the link its workers measured at
-   start-up, timing the phases the run actually had (goal within 5%); and each run's peak memory
+   start-up, timing the phases the run actually had (goal within 5%); again from the in-run
+   profile (``profile_in_run.json``: each action at what it cost in a run) of another run, this
+   repeat's 1F1B run (for 1F1B, the repeat before's): costs measured as a pipeline computes, on
+   the same machine minutes apart, for a schedule that was not run to measure them; and each run's peak memory
    (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
    train`` process of its own, so the driver's peak is that run's).
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
@@ -80,11 +83,14 @@ def window(n: int) -> tuple[int, int]:
     return skip, max(skip + 1, n - 1 - skip)
 
 
-def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[float, float, dict, float | None]:
+def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
+                reference: Path | None = None) -> tuple[float, float, dict, float | None, float | None]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
     profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
     parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
-    step again with each action at its in-run cost, :func:`in_run_profile`)."""
+    step again with each action at its in-run cost, :func:`in_run_profile`; and with the
+    ``profile_in_run.json`` of another run, ``reference``, if it exists: a prediction from costs
+    measured as a pipeline computes, but not this one's)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -108,7 +114,9 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1) -> tuple[floa
     # the measured step is the schedule's timing, the link and the loop, not the profile's costs;
     # the action table's window is steps warm_steps.. to the end, a little wider than ``measured``'s)
     in_run = in_run_profile(table, prof) if table else None
-    return measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None
+    other = CostProfile.load(reference) if reference is not None and reference.exists() else None
+    return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
+            predict(other) if other else None)
 
 
 def where_time_went(table: dict | None) -> dict:
@@ -333,7 +341,9 @@ def main() -> None:
             for schedule in [s for s in twins if fits(p, s)]:
                 runs[(p, f"torch-{schedule}")].append(torch_step_time(args, schedule, out))
             for schedule in [s for s in args.schedules if fits(p, s)]:
-                runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}"))
+                # another run's in-run costs: this repeat's 1F1B run (it runs first), or 1F1B's the repeat before
+                ref = out / f"p{p}-1f1b{i - 1 if schedule == '1f1b' else i}" / "profile_in_run.json"
+                runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}", reference=ref))
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
             for schedule in [s for s in rsched if fits(p, s)]:
@@ -380,6 +390,11 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             if inrun:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),
                              "each action at the run's own cost: the schedule's timing alone"))
+            other = [r[0] / r[4] for r in rs if len(r) > 4 and r[4]]
+            if other:
+                rows.append((f"p={p}: {schedule} measured / simulated from 1F1B's in-run profile", fmt(other),
+                             f"{len(other)} repeats; another run's profile_in_run.json: this repeat's 1F1B run, or for "
+                             "1F1B the repeat before; goal within 5%"))
             went = [r[2] for r in rs if len(r) > 2 and r[2]]  # (a bench.json from before action_times has none)
             if went:
                 med = lambda k: statistics.median(w[k] for w in went)  # noqa: E731

@@ -17,6 +17,7 @@ import torch
 from adapipe_cli.config import ConfigError
 from adapipe_cli import checkpoint
 from adapipe_cli.runtime.action_times import warm_steps
+from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
@@ -101,6 +102,15 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
             assert rows[(s, "U")]["profiled_s"] == pytest.approx(prof["update"][s])
             ends = s in (0, stages - 1)  # (the first stage makes each step's batch for its inputs, the last for its targets)
             assert rows[(s, "F")]["profiled_s"] == pytest.approx(prof["forward"][s] + ends * prof["data"][s] / micro)
+    # profile_in_run.json charges each stage's actions of each kind in the window what they took in the
+    # run (one rank per stage here), unless their extra work at its scaled costs alone exceeds that (the
+    # kind's own cost then 0)
+    inrun = CostProfile.load(tmp_path / "dist" / "profile_in_run.json")
+    work = lambda r: {w: r.get(w, 0) for w in ("copy", "predict", "recompute", "accumulate", "data")}  # noqa: E731
+    for (s, k), r in rows.items():
+        charged = inrun.cost(s, k, work(r))
+        assert charged == pytest.approx(r["run_s"]) if getattr(inrun, costs[k])[s] > 0 else charged >= r["run_s"]
+    assert inrun.meta["in_run"] and inrun.link == CostProfile.load(tmp_path / "dist" / "profile.json").link
     assert [r["rank"] for r in at["ranks"]] == list(range(stages)) and all(r["steps"] == window for r in at["ranks"])
     assert all(r["step_s"] > r["wait_peer_s"] >= 0 and r["other_threads_cpu_s"] >= 0 for r in at["ranks"])
 

@@ -129,18 +129,21 @@ FIELD = {FORWARD: "forward", BACKWARD: "backward", INPUT: "input", WEIGHT: "weig
 
 
 def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
-    """``profile`` with each stage's costs as the run's actions took them (a diagnostic: what the
-    simulator predicts when it is given the steady steps' own costs, so that its remaining gap to
-    the measured step is the schedule's timing, the link and the loop, not the costs); None when
-    the table has no action of a kind the clock charges.
+    """``profile`` with each stage's costs as the run's actions took them: what the simulator
+    predicts when it is given a run's steady costs. Of the same run, its remaining gap to the
+    measured step is the schedule's timing, the link and the loop, not the costs (a diagnostic);
+    of another run on the same machine (a dist run writes it as ``profile_in_run.json``), it is a
+    profile measured as a pipeline computes, for the local clock and the simulator. None when the
+    table has no action of a kind the clock charges.
 
     The run times whole actions, not the extra work inside them (copies, predictions,
     accumulations, batches made, recomputed forwards), so that part is an assumption: a stage's
-    extra work is scaled by the stage's run over charged time over all its actions. Each kind's
-    own cost at a stage is then what makes the profile charge exactly the run's time for that
-    stage's actions of that kind (summed over ranks, with replicas): ``(sum n run_s - the extra
-    work at the scaled costs) / sum n``, at least 0; forwards first, so that a recomputed forward
-    costs the new forward. A kind the run did not do at a stage keeps its cost."""
+    extra work is scaled by the stage's run over charged time over all its actions, and so is a
+    kind of action the run did not do at the stage (a 1F1B run's I and W, for a zero-bubble
+    schedule). Each kind's own cost at a stage is then what makes the profile charge exactly the
+    run's time for that stage's actions of that kind (summed over ranks, with replicas): ``(sum
+    n run_s - the extra work at the scaled costs) / sum n``, at least 0; forwards first, so that a
+    recomputed forward costs the new forward."""
     rows = [r for r in table.get("actions", []) if r["kind"] in FIELD and r["count"] > 0]
     if not rows:
         return None
@@ -152,6 +155,9 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
             ratio = sum(r["count"] * r["run_s"] for r in mine) / charged
             for name in EXTRA_WORK:
                 getattr(prof, name)[s] *= ratio
+            for kind in TIMED:
+                if not any(r["kind"] == kind for r in mine):
+                    getattr(prof, FIELD[kind])[s] *= ratio
         for kind in TIMED:  # (FORWARD first: a recompute in a backward costs the new forward)
             of_kind = [r for r in mine if r["kind"] == kind]
             if not of_kind:

@@ -10,8 +10,9 @@
    from the run's own profile.json: its measured costs and the link its workers measured at
    start-up, timing the phases the run actually had (goal within 5%); again from the in-run
    profile (``profile_in_run.json``: each action at what it cost in a run) of another run, this
-   repeat's 1F1B run (for 1F1B, the repeat before's): costs measured as a pipeline computes, on
-   the same machine minutes apart, for a schedule that was not run to measure them; and each run's peak memory
+   repeat's 1F1B run (for 1F1B, the repeat before's; not for interleaved, whose profile has a row
+   per chunk): costs measured as a pipeline computes, on the same machine minutes apart, for a
+   schedule that was not run to measure them; and each run's peak memory
    (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
    train`` process of its own, so the driver's peak is that run's).
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
@@ -89,8 +90,8 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
     parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
     step again with each action at its in-run cost, :func:`in_run_profile`; and with the
-    ``profile_in_run.json`` of another run, ``reference``, if it exists: a prediction from costs
-    measured as a pipeline computes, but not this one's)."""
+    ``profile_in_run.json`` of another run, ``reference``, where it has as many stages: a
+    prediction from costs measured as a pipeline computes, but not this one's)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -114,7 +115,9 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     # the measured step is the schedule's timing, the link and the loop, not the profile's costs;
     # the action table's window is steps warm_steps.. to the end, a little wider than ``measured``'s)
     in_run = in_run_profile(table, prof) if table else None
-    other = CostProfile.load(reference) if reference is not None and reference.exists() else None
+    other = CostProfile.load(reference) if reference is not None else None
+    if other is not None and other.stages != prof.stages:  # (interleaved: virtual stages, one profile row each)
+        other = None
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
             predict(other) if other else None)
 
@@ -325,6 +328,7 @@ def main() -> None:
     if any(not fits(p, s) for p in depths for s in [*args.schedules, *rsched]):
         header += f"; interleaved left out where stages x {args.chunks} chunks > the model's {blocks} blocks"
     runs = {(p, s): [] for p in depths for s in [*(f"torch-{s}" for s in twins), *args.schedules]}
+    in_run: dict[tuple[int, int], Path] = {}  # (p, repeat) -> the profile_in_run.json of that repeat's 1F1B run
     runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
     memory = {(p, s): [] for p in depths for s in [*args.schedules, *(replica_key(s, r) for s in rsched for r in [1, *replicas])]}  # peak_rss() of each repeat
     transport = None
@@ -341,9 +345,12 @@ def main() -> None:
             for schedule in [s for s in twins if fits(p, s)]:
                 runs[(p, f"torch-{schedule}")].append(torch_step_time(args, schedule, out))
             for schedule in [s for s in args.schedules if fits(p, s)]:
-                # another run's in-run costs: this repeat's 1F1B run (it runs first), or 1F1B's the repeat before
-                ref = out / f"p{p}-1f1b{i - 1 if schedule == '1f1b' else i}" / "profile_in_run.json"
+                # another run's in-run costs: this repeat's 1F1B run, or for 1F1B the repeat before's
+                # (a file this invocation wrote, not one left in a reused --out)
+                ref = in_run.get((p, i - 1 if schedule == "1f1b" else i))
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}", reference=ref))
+                if schedule == "1f1b" and (out / f"p{p}-1f1b{i}" / "profile_in_run.json").exists():
+                    in_run[(p, i)] = out / f"p{p}-1f1b{i}" / "profile_in_run.json"
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
             for schedule in [s for s in rsched if fits(p, s)]:

@@ -19,14 +19,15 @@ divided by k d it is the ``delay_drift`` that cell implies.
 
 Each bench output folder holds ``CELL/METHOD_sSEED/metrics.jsonl`` and ``CELL/profile.json``
 (bench_adapipe's layout; the runs are not in the repository's results, only their summaries).
-A seed whose async never reached the target has no bands and is left out, and said so.
+A seed with fewer than two usable bands (a curve that does not fall through them, e.g. a run
+stopped early), a cell without delay (k d = 0: one stage) and a folder that is not a cell are
+left out, and said so.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -76,7 +77,7 @@ def drift_row(points: list[tuple[float, float]], R: float, e_d: float) -> dict:
     """The slope of E per doubling of the step, relative to max(mean E, 1/R), and over k d."""
     x = np.log2([s for s, _ in points])
     y = np.array([e for _, e in points])
-    slope = float(np.polyfit(x, y, 1)[0]) if len(points) >= 2 and np.ptp(x) > 0 else math.nan
+    slope = float(np.polyfit(x, y, 1)[0])  # (the caller gives at least two distinct steps)
     relative = abs(slope) / max(float(y.mean()), 1.0 / R)
     kd = 1.0 / e_d - 1.0
     return {"E": [round(e, 3) for _, e in points], "steps": [round(s) for s, _ in points], "slope": slope,
@@ -93,7 +94,15 @@ def measure(folders: list[Path], bands: int) -> tuple[list[dict], list[str]]:
     rows, left_out = [], []
     for folder in folders:
         for cell in sorted(c for c in folder.iterdir() if (c / "profile.json").exists()):
-            R, e_d = cell_context(cell_key(cell.name), cell / "profile.json")
+            try:
+                key = cell_key(cell.name)
+            except ValueError:
+                left_out.append(f"{folder.name}/{cell.name}: not a bench cell's name (DATA_OPTIM_pP_mM)")
+                continue
+            R, e_d = cell_context(key, cell / "profile.json")
+            if e_d >= 1.0:
+                left_out.append(f"{folder.name}/{cell.name}: no delay (k d = 0)")
+                continue
             seeds = sorted({r.name.rsplit("_s", 1)[1] for r in cell.glob(f"{SYNC}_s*")}, key=int)
             for seed in seeds:
                 runs = cell / f"{SYNC}_s{seed}", cell / f"{ASYNC}_s{seed}"
@@ -101,8 +110,8 @@ def measure(folders: list[Path], bands: int) -> tuple[list[dict], list[str]]:
                     left_out.append(f"{folder.name}/{cell.name} seed {seed}: a run is missing")
                     continue
                 points = local_efficiency(curve(runs[0]), curve(runs[1]), bands)
-                if len(points) < 2:
-                    left_out.append(f"{folder.name}/{cell.name} seed {seed}: fewer than 2 bands (async short of the target?)")
+                if len({s for s, _ in points}) < 2:
+                    left_out.append(f"{folder.name}/{cell.name} seed {seed}: fewer than 2 bands with progress on both curves")
                     continue
                 rows.append({"source": str(folder), "cell": cell.name, "seed": int(seed), "R": R, **drift_row(points, R, e_d)})
     return rows, left_out

@@ -73,12 +73,13 @@ def test_in_run_profile_charges_each_stage_and_kind_what_the_run_took():
     ratio0 = (4 * 2.25 + 4 * 2.0225) / (4 * 1.125 + 4 * 2.0225)
     assert got.data[0] == pytest.approx(0.5 * ratio0) and got.accumulate[0] == pytest.approx(0.03 * ratio0)
     assert got.forward[0] == pytest.approx(2.25 - 0.25 * 0.5 * ratio0)
-    # a kind the stage did not run is scaled as its extra work: stage 0's update, and the I and W of both
-    # stages (a 1F1B run's profile for a zero-bubble schedule)
+    # a kind the stage did not run is scaled as its extra work: stage 0's update
     assert got.update == pytest.approx([0.1 * ratio0, 0.9])
-    ratio1 = (10 * 2.4 + 30 * 1.6 + 40 * 0.6 + 0.9) / (40 * 1.52 + 40 * 0.5)
-    assert got.input == pytest.approx([prof.input[0] * ratio0, prof.input[1] * ratio1])
-    assert got.weight == pytest.approx([prof.weight[0] * ratio0, prof.weight[1] * ratio1])
+    # I and W, at stages that ran whole backwards, as the backwards: stage 0 2.0225 / 2.0225 = 1,
+    # stage 1 (10 x 2.4 + 30 x 1.6) / (40 x 1.52)
+    b1 = (10 * 2.4 + 30 * 1.6) / (40 * 1.52)
+    assert got.input == pytest.approx([prof.input[0], prof.input[1] * b1])
+    assert got.weight == pytest.approx([prof.weight[0], prof.weight[1] * b1])
     assert prof.forward == [1.0, 0.5] and prof.copy == [0.01, 0.02]  # the run's profile itself is left alone
     assert "in_run" in got.meta and "in_run" not in prof.meta
     assert in_run_profile({"actions": [], "ranks": []}, prof) is None

@@ -37,36 +37,46 @@ def sync_loss(step: float) -> float:
 
 def test_a_constant_efficiency_has_no_drift_and_a_rising_one_has_its_slope(tmp_path, monkeypatch):
     cal = load()
-    monkeypatch.setattr(cal, "cell_context", lambda cell, profile: (2.0, 0.8))  # R, E_d: k d = 0.25
+    # R and E_d of each cell: k d = 1 / E_d - 1
+    context = {("synthetic", "adamw", 4, 8): (4.0, 0.8), ("synthetic", "adamw", 8, 1): (1.25, 0.5),
+               ("synthetic", "adamw", 1, 1): (1.0, 1.0)}
+    monkeypatch.setattr(cal, "cell_context", lambda cell, profile: context[cell])
+    bench = tmp_path / "bench"
     # cell 1: async makes 0.5 of sync's progress per step all along: its curve is sync's at step t / 2
-    c1 = tmp_path / "bench" / "synthetic_adamw_p4_m8"
+    c1 = bench / "synthetic_adamw_p4_m8"
     write_run(c1 / "sync-zb_s0", sync_loss)
     write_run(c1 / "pipedream+predict_s0", lambda s: sync_loss(0.5 * s))
-    # cell 2: async's efficiency rises with log2 of the step, E(t) = 0.2 log2(t) - 0.6 (0.6 at step 8 ... ):
-    # its curve is sync's at the step tau(t) with d tau / dt = E(t), tau from step 1
-    c2 = tmp_path / "bench" / "synthetic_adamw_p8_m1"
+    # cell 2: async's efficiency rises with log2 of the step, E(t) = 0.2 log2(t) - 0.6 (0.6 at step 8,
+    # 1.0 at 32, 1.4 at 128): its curve is sync's at the step tau(t), d tau / dt = E(t)
+    c2 = bench / "synthetic_adamw_p8_m1"
     write_run(c2 / "sync-zb_s0", sync_loss)
     tau, taus = 0.0, {0: 0.0}
     for t in range(1, 401):
         tau += max(0.05, 0.2 * math.log2(t) - 0.6)
         taus[t] = tau
     write_run(c2 / "pipedream+predict_s0", lambda s: sync_loss(taus[s]))
-    (c1 / "profile.json").write_text("{}")
-    (c2 / "profile.json").write_text("{}")
-    # a cell without a profile is not a cell; a seed without its async run is left out and said so
+    # left out, each said so: a seed without its async run, a cell without delay, a folder not named as a cell
     write_run(c1 / "sync-zb_s1", sync_loss)
-    rows, left_out = cal.measure([tmp_path / "bench"], bands=4)
-    assert left_out == ["bench/synthetic_adamw_p4_m8 seed 1: a run is missing"]
+    for cell in (c1, c2, bench / "synthetic_adamw_p1_m1", bench / "notes"):
+        cell.mkdir(exist_ok=True)
+        (cell / "profile.json").write_text("{}")
+    rows, left_out = cal.measure([bench], bands=4)
+    assert left_out == ["bench/notes: not a bench cell's name (DATA_OPTIM_pP_mM)",
+                        "bench/synthetic_adamw_p1_m1: no delay (k d = 0)",
+                        "bench/synthetic_adamw_p4_m8 seed 1: a run is missing"]
     flat = next(r for r in rows if r["cell"] == "synthetic_adamw_p4_m8")
     assert flat["E"] == pytest.approx([0.5] * 4, abs=0.02) and abs(flat["slope"]) < 0.01
-    # relative to max(mean E, 1/R) = 0.5 (both), over k d = 0.25
-    assert flat["kd"] == pytest.approx(0.25) and flat["implied"] == pytest.approx(abs(flat["slope"]) / 0.5 / 0.25, rel=0.01)
+    # relative to max(mean E, 1/R) = mean E (1/R = 0.25), over k d = 0.25
+    assert flat["kd"] == pytest.approx(0.25)
+    assert flat["implied"] == pytest.approx(abs(flat["slope"]) / (sum(flat["E"]) / 4) / 0.25, rel=0.01)
     rising = next(r for r in rows if r["cell"] == "synthetic_adamw_p8_m1")
-    # E_j measured between levels is E at about sync's step in the band mapped to async's step: it rises
-    # by 0.2 per doubling of async's step; sync's step grows faster than async's here, so per doubling
-    # of sync's step a little less
+    # E_j measured between levels rises by 0.2 per doubling of async's step; sync's step grows faster
+    # than async's where E < 1 and slower where E > 1, so per doubling of sync's step somewhat less
     assert all(b > a for a, b in zip(rising["E"], rising["E"][1:]))
     assert 0.1 < rising["slope"] < 0.2
+    # relative to max(mean E, 1/R) = 1/R = 0.8 here (mean E below it), over k d = 1
+    assert sum(rising["E"]) / 4 < 0.8 and rising["kd"] == pytest.approx(1.0)
+    assert rising["implied"] == pytest.approx(rising["slope"] / 0.8)
 
 
 def test_no_usable_folder_is_one_line_and_exit_2(tmp_path, capsys):

@@ -344,7 +344,7 @@ def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
     """schedule.chunks (interleaved) and gain's heuristic.delay_drift / prior_logit_sd are newer than
     some checkpoints: leaving them at their defaults resumes, changing them is a difference; the
     relative prior spread and drift that prior_logit_sd and delay_drift replaced, held by a
-    checkpoint, are no difference."""
+    checkpoint (the drift at its default), are no difference."""
     old = {"schedule": {"name": "adapipe"}, "heuristic": {"name": "goodput"}}
     now = {"schedule": {"name": "adapipe", "chunks": 1},
            "heuristic": {"name": "goodput", "delay_drift": 0.37, "prior_logit_sd": 1.0}}
@@ -353,6 +353,13 @@ def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
     assert checkpoint.config_differences(retired, now) == []
     now["heuristic"]["delay_drift"] = 0.1
     assert checkpoint.config_differences(old, now) == ["heuristic.delay_drift=None in the checkpoint, 0.1 now"]
+    # a drift the run chose (not the default it was retired at) cannot go on under another rule: refused
+    now["heuristic"]["delay_drift"] = 0.37
+    chose = {"schedule": {"name": "adapipe"}, "heuristic": {"name": "goodput", "drift": 0.1}}
+    assert checkpoint.config_differences(chose, now) == [
+        "heuristic.drift=0.1 in the checkpoint, a key retired since: heuristic.delay_drift, gain's drift per doubling "
+        "of the step per unit of the delay's k d since 2026-12-03 (the drift is delay_drift x k d; default 0.37, "
+        "which is 0.25 at d = 1.5)"]
 
 
 def test_a_profile_measured_before_the_later_entries_keeps_its_fingerprint():

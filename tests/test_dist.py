@@ -111,6 +111,7 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, ex
         charged = inrun.cost(s, k, work(r))
         assert charged == pytest.approx(r["run_s"]) if getattr(inrun, costs[k])[s] > 0 else charged >= r["run_s"]
     assert inrun.meta["in_run"] and inrun.link == CostProfile.load(tmp_path / "dist" / "profile.json").link
+    assert not (tmp_path / "local" / "profile_in_run.json").exists()  # (a local run times no actions apart)
     assert [r["rank"] for r in at["ranks"]] == list(range(stages)) and all(r["steps"] == window for r in at["ranks"])
     assert all(r["step_s"] > r["wait_peer_s"] >= 0 and r["other_threads_cpu_s"] >= 0 for r in at["ranks"])
 

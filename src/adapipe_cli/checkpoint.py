@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .config import RETIRED_KEYS
+from .config import RETIRED_DEFAULTS, RETIRED_KEYS
 
 MANIFEST = "manifest.json"
 PREFIX = "step-"
@@ -46,8 +46,9 @@ FREE_KEYS = {
 }
 # keys newer than some checkpoints, with the value that keeps what a run did before they existed
 # (gain's prior_logit_sd and probe_se: their defaults, which only price a first probe; a resumed
-# gain run restores its belief and its next probe): a checkpoint without the key resumes when the
-# run leaves it there
+# gain run restores its belief and its next probe; gain's delay_drift: a checkpoint from before it
+# held the retired heuristic.drift, and resumes under the new drift if that was at its default,
+# :data:`RETIRED_DEFAULTS`): a checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
          "heuristic.delay_drift": 0.37, "heuristic.prior_logit_sd": 1.0, "heuristic.probe_se": 0.5}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
@@ -257,7 +258,11 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
-            if (a is None and prefix in SINCE and b == SINCE[prefix]) or (b is None and prefix in RETIRED_KEYS):
+            if b is None and prefix in RETIRED_KEYS:  # (held by the checkpoint, gone now)
+                if prefix in RETIRED_DEFAULTS and a != RETIRED_DEFAULTS[prefix]:
+                    out.append(f"{prefix}={a!r} in the checkpoint, a key retired since: {RETIRED_KEYS[prefix]}")
+                return
+            if a is None and prefix in SINCE and b == SINCE[prefix]:
                 return
             if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")

@@ -25,7 +25,9 @@ between successive loss bands of sync-zb's and pipedream+predict's validation cu
 per doubling, relative to max(E, 1/R); seeds 9-11 of the four AdamW and four Muon cells that start
 in async, and dev seed 3): with AdamW at d = 3 E rose from 0.26-0.39 to 0.85 between
 steps 30 and 120 (relative drift 0.42-0.48 per doubling), at d = 3/8 on synthetic data it stayed
-at 0.96-1.05 (0.02-0.05); over 8 cells with AdamW and Muon the median drift over k d is 0.33. The
+at 0.96-1.05 (0.02-0.05); over 8 cells with AdamW and Muon the median drift over k d is 0.33. Not
+every cell fits: at d = 3/8 on tinyshakespeare with AdamW E rose from 0.59-0.84 to 0.91-1.02
+(0.13-0.32 per doubling, 0.78-1.87 x k d), a drift the default underrates 3 times. The
 default 0.37 is the relative drift of 0.25 that gain used at every delay until 2026-12-03, at the
 observation streams' d = 3/2, whose crossing needs it (tests/test_heuristics.py); a drift that
 did not shrink with the delay brought a probe of sync at 8 microbatches before the target in

@@ -122,6 +122,9 @@ RETIRED_KEYS = {
     "heuristic.drift": "heuristic.delay_drift, gain's drift per doubling of the step per unit of the delay's k d since "
                        "2026-12-03 (the drift is delay_drift x k d; default 0.37, which is 0.25 at d = 1.5)",
 }
+# a retired key's default when it was retired: a checkpoint that holds it at this value resumes under
+# its replacement's default; one that holds another value (a choice the run made) cannot be resumed
+RETIRED_DEFAULTS = {"heuristic.drift": 0.25}
 
 
 @dataclass

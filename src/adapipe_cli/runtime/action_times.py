@@ -139,8 +139,9 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
     The run times whole actions, not the extra work inside them (copies, predictions,
     accumulations, batches made, recomputed forwards), so that part is an assumption: a stage's
     extra work is scaled by the stage's run over charged time over all its actions, and so is a
-    kind of action the run did not do at the stage (a 1F1B run's I and W, for a zero-bubble
-    schedule). Each kind's own cost at a stage is then what makes the profile charge exactly the
+    kind of action the run did not do at the stage, except the I and W of a stage that ran whole
+    backwards (a 1F1B run's, for a zero-bubble schedule): those by its backwards' run over charged
+    time. Each kind's own cost at a stage is then what makes the profile charge exactly the
     run's time for that stage's actions of that kind (summed over ranks, with replicas): ``(sum
     n run_s - the extra work at the scaled costs) / sum n``, at least 0; forwards first, so that a
     recomputed forward costs the new forward."""
@@ -155,9 +156,13 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
             ratio = sum(r["count"] * r["run_s"] for r in mine) / charged
             for name in EXTRA_WORK:
                 getattr(prof, name)[s] *= ratio
+            # (the I and W of a stage that ran whole backwards: as its backwards, I + W being a B)
+            backs = [r for r in mine if r["kind"] == BACKWARD and r.get("profiled_s", 0.0) > 0]
+            b_ratio = (sum(r["count"] * r["run_s"] for r in backs) / sum(r["count"] * r["profiled_s"] for r in backs)
+                       if backs else ratio)
             for kind in TIMED:
                 if not any(r["kind"] == kind for r in mine):
-                    getattr(prof, FIELD[kind])[s] *= ratio
+                    getattr(prof, FIELD[kind])[s] *= b_ratio if kind in (INPUT, WEIGHT) else ratio
         for kind in TIMED:  # (FORWARD first: a recompute in a backward costs the new forward)
             of_kind = [r for r in mine if r["kind"] == kind]
             if not of_kind:

@@ -21,7 +21,6 @@ from ..adaptive.base import Decision, Observation
 from ..config.validate import ConfigError
 from ..data import DataError
 from ..optim import rate_keys
-from ..runtime.action_times import in_run_profile
 from ..runtime.base import StepResult
 from ..runtime.errors import TrainingDiverged
 from ..schedules import SYNC
@@ -30,7 +29,7 @@ from .progress import Progress
 from .rollback import Rollback
 from .setup import RunSetup
 from .state import RunState, RunStates
-from .summary import final_line, first_line, plot_run, run_summary, step_record
+from .summary import final_line, first_line, plot_run, run_summary, save_in_run_profile, step_record
 
 
 class Trainer(RunSetup, RunStates, Rollback):
@@ -115,7 +114,7 @@ class Trainer(RunSetup, RunStates, Rollback):
                                   clock=self.clock, device=self.device, phase=self.choice.phase, ctx=self.ctx,
                                   min_ppl=getattr(self.data, "min_ppl", None), sync=self.choice.spec.sync)
             self.log.summary(summary)
-            self._save_in_run_profile(summary.get("action_times"))
+            save_in_run_profile(summary.get("action_times"), self.profile, self.dir, self.console.say)
         finally:
             progress.close()
             rt.close()
@@ -123,14 +122,6 @@ class Trainer(RunSetup, RunStates, Rollback):
         plot_run(cfg, self.clock, self.log.records, self.dir, self.choice.spec.sync)
         self.console.say(final_line(summary))
         return summary
-
-    def _save_in_run_profile(self, table: dict | None) -> None:
-        """A dist run's ``profile_in_run.json``: its profile with each stage's costs as its steady
-        actions took them (:func:`..runtime.action_times.in_run_profile`), for a local run or
-        ``adapipe simulate`` that should charge what this pipeline's actions cost in a run."""
-        prof = in_run_profile(table, self.profile) if table and self.profile is not None else None
-        if prof is not None:
-            prof.save(self.dir / "profile_in_run.json")
 
     def wall(self) -> float:
         return self.st.wall_before + time.perf_counter() - self.wall0

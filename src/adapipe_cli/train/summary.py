@@ -1,11 +1,13 @@
 """What a run reports about itself: its name in the field's words, its lines in ``metrics.jsonl``,
-``summary.json`` (the final metrics), the first and last lines it prints, and its plots."""
+``summary.json`` (the final metrics), a dist run's ``profile_in_run.json``, the first and last lines it
+prints, and its plots."""
 
 from __future__ import annotations
 
 import resource
 from pathlib import Path
 
+from ..runtime.action_times import in_run_profile
 from ..runtime.base import Runtime, StepResult
 from ..schedules import ASYNC, SYNC
 from .plots import plot_curves, plot_phases
@@ -145,6 +147,23 @@ def run_summary(cfg, records: list[dict], evals: list[dict], st: RunState, wall:
         "driver_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "stopped": state["stopped"], "completed": True,
     }
+
+
+def save_in_run_profile(table: dict | None, profile, folder: Path, warn) -> None:
+    """A dist run's ``profile_in_run.json``: its profile with each stage's costs as its steady
+    actions took them (:func:`..runtime.action_times.in_run_profile`), for a local run or
+    ``adapipe simulate`` that should charge what this pipeline's actions cost in a run. A run
+    without such a table (local, CUDA workers) leaves none, nor an earlier run's in the folder; a
+    failure to make it is a warning (the run itself is done)."""
+    path = folder / "profile_in_run.json"
+    try:
+        prof = in_run_profile(table, profile) if table and profile is not None else None
+        if prof is None:
+            path.unlink(missing_ok=True)
+        else:
+            prof.save(path)
+    except Exception as e:  # noqa: BLE001 - a diagnostic output: the finished run stands
+        warn(f"adapipe: warning: profile_in_run.json not written: {e}")
 
 
 def final_line(summary: dict) -> str:

@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
-
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+from _scripts import load_script
 
 
 def load():
-    sys.path.insert(0, str(SCRIPTS))  # (it imports bench_adapipe beside it)
-    try:
-        spec = importlib.util.spec_from_file_location("calibrate_prior", SCRIPTS / "calibrate_prior.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(SCRIPTS))
+    return load_script("calibrate_prior")
 
 
 def test_the_errors_are_efficiency_over_the_prior_in_logit_units(tmp_path, monkeypatch):

@@ -13,7 +13,8 @@ over ``--bands`` equal bands of loss from the higher of the two curves' values a
 the learning-rate warm-up) to the higher of their last values (the target), each placed at sync's
 mean step in the band. The slope b of E_j on log2(step) (least squares) is the drift per doubling;
 relative to max(mean E, 1 / R) (R the cell's predicted step-time ratio, from its profile) and
-divided by k d it is the ``delay_drift`` that cell implies.
+divided by k d it is the ``delay_drift`` that cell implies (its size), and with its sign the
+``delay_trend`` (E's expected rise per doubling: a drift that has a direction).
 
     python scripts/calibrate_drift.py /path/to/bench_out [...] --out docs/results/drift
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -81,7 +83,7 @@ def drift_row(points: list[tuple[float, float]], R: float, e_d: float) -> dict:
     relative = abs(slope) / max(float(y.mean()), 1.0 / R)
     kd = 1.0 / e_d - 1.0
     return {"E": [round(e, 3) for _, e in points], "steps": [round(s) for s, _ in points], "slope": slope,
-            "relative": relative, "kd": kd, "implied": relative / kd}
+            "relative": relative, "kd": kd, "implied": relative / kd, "implied_trend": math.copysign(relative, slope) / kd}
 
 
 def cell_key(name: str) -> tuple:
@@ -121,20 +123,24 @@ def markdown(rows: list[dict], left_out: list[str], cmd: str) -> str:
     lines = [f"# Drift of async's efficiency over a run\n\n`{cmd}`\n",
              "E between successive loss bands (sync-zb's steps over pipedream+predict's), its slope per doubling "
              "of the step, relative to max(mean E, 1/R), and that over k d: the `heuristic.delay_drift` each "
-             "seed implies.\n",
-             "| cell | seed | steps | E | slope / doubling | relative | k d | implied delay_drift |",
-             "|---|---|---|---|---|---|---|---|"]
+             "seed implies, and with its sign the `heuristic.delay_trend`.\n",
+             "| cell | seed | steps | E | slope / doubling | relative | k d | implied delay_drift | implied delay_trend |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['cell']} | {r['seed']} | {r['steps']} | {r['E']} | {r['slope']:+.3f} | {r['relative']:.3f} "
-                     f"| {r['kd']:.3f} | {r['implied']:.3f} |")
-    by_cell: dict[str, list[float]] = {}
+                     f"| {r['kd']:.3f} | {r['implied']:.3f} | {r['implied_trend']:+.3f} |")
+    by_cell: dict[str, list[dict]] = {}
     for r in rows:
-        by_cell.setdefault(r["cell"], []).append(r["implied"])
-    lines += ["", "| cell | seeds | median implied delay_drift |", "|---|---|---|"]
-    lines += [f"| {c} | {len(v)} | {statistics.median(v):.3f} |" for c, v in by_cell.items()]
+        by_cell.setdefault(r["cell"], []).append(r)
+    med = lambda v, key: statistics.median(r[key] for r in v)  # noqa: E731
+    lines += ["", "| cell | seeds | median implied delay_drift | median implied delay_trend |", "|---|---|---|---|"]
+    lines += [f"| {c} | {len(v)} | {med(v, 'implied'):.3f} | {med(v, 'implied_trend'):+.3f} |" for c, v in by_cell.items()]
     if rows:
-        lines += ["", f"Median over the cells' medians: {statistics.median(statistics.median(v) for v in by_cell.values()):.3f}; "
-                      f"over all {len(rows)} seeds: {statistics.median(r['implied'] for r in rows):.3f}."]
+        rising = sum(r["slope"] > 0 for r in rows)
+        for key, name in (("implied", "delay_drift"), ("implied_trend", "delay_trend")):
+            lines += ["", f"{name}: median over the cells' medians {statistics.median(med(v, key) for v in by_cell.values()):+.3f}; "
+                          f"over all {len(rows)} seeds {med(rows, key):+.3f}."]
+        lines += ["", f"E rose in {rising} of {len(rows)} seeds."]
     if left_out:
         lines += ["", "Left out:"] + [f"- {x}" for x in left_out]
     return "\n".join(lines) + "\n"

@@ -30,7 +30,7 @@ def test_a_constant_efficiency_has_no_drift_and_a_rising_one_has_its_slope(tmp_p
     cal = load()
     # R and E_d of each cell: k d = 1 / E_d - 1
     context = {("synthetic", "adamw", 4, 8): (4.0, 0.8), ("synthetic", "adamw", 8, 1): (1.25, 0.5),
-               ("synthetic", "adamw", 1, 1): (1.0, 1.0)}
+               ("synthetic", "adamw", 1, 1): (1.0, 1.0), ("synthetic", "adamw", 4, 1): (4.0, 0.5)}
     monkeypatch.setattr(cal, "cell_context", lambda cell, profile: context[cell])
     bench = tmp_path / "bench"
     # cell 1: async makes 0.5 of sync's progress per step all along: its curve is sync's at step t / 2
@@ -46,9 +46,17 @@ def test_a_constant_efficiency_has_no_drift_and_a_rising_one_has_its_slope(tmp_p
         tau += max(0.05, 0.2 * math.log2(t) - 0.6)
         taus[t] = tau
     write_run(c2 / "pipedream+predict_s0", lambda s: sync_loss(taus[s]))
+    # cell 3: falling as fast, E(t) = 1.6 - 0.2 log2(t) (1.0 at step 8, 0.6 at 32)
+    c3 = bench / "synthetic_adamw_p4_m1"
+    write_run(c3 / "sync-zb_s0", sync_loss)
+    tau, taus3 = 0.0, {0: 0.0}
+    for t in range(1, 401):
+        tau += max(0.05, 1.6 - 0.2 * math.log2(t))
+        taus3[t] = tau
+    write_run(c3 / "pipedream+predict_s0", lambda s: sync_loss(taus3[s]))
     # left out, each said so: a seed without its async run, a cell without delay, a folder not named as a cell
     write_run(c1 / "sync-zb_s1", sync_loss)
-    for cell in (c1, c2, bench / "synthetic_adamw_p1_m1", bench / "notes"):
+    for cell in (c1, c2, c3, bench / "synthetic_adamw_p1_m1", bench / "notes"):
         cell.mkdir(exist_ok=True)
         (cell / "profile.json").write_text("{}")
     rows, left_out = cal.measure([bench], bands=4)
@@ -68,6 +76,11 @@ def test_a_constant_efficiency_has_no_drift_and_a_rising_one_has_its_slope(tmp_p
     # relative to max(mean E, 1/R) = 1/R = 0.8 here (mean E below it), over k d = 1
     assert sum(rising["E"]) / 4 < 0.8 and rising["kd"] == pytest.approx(1.0)
     assert rising["implied"] == pytest.approx(rising["slope"] / 0.8)
+    # the trend is the drift with its sign: up where E rises, down where it falls
+    assert rising["implied_trend"] > 0 and rising["implied_trend"] == pytest.approx(rising["implied"])
+    falling = next(r for r in rows if r["cell"] == "synthetic_adamw_p4_m1")
+    assert all(b < a for a, b in zip(falling["E"], falling["E"][1:])) and falling["slope"] < -0.05
+    assert falling["implied_trend"] < 0 and falling["implied_trend"] == pytest.approx(-falling["implied"])
 
 
 def test_no_usable_folder_is_one_line_and_exit_2(tmp_path, capsys):

@@ -82,7 +82,9 @@ def test_a_clearly_faster_async_is_chosen_within_a_bounded_number_of_windows(nam
     phases, settled = drive(h, Env(**ASYNC_WINS), 600)
     first_async = settled.index("async")
     assert first_async <= h.cfg.window + h.leg("sync") + h.leg("async") + 2 * LAG  # after the warm-up and one probe
-    assert phases[300:].count("async") / 300 > 0.85
+    # from then on more than 85% of the steps are async's: the probes of sync cost at most 15%
+    # (counted from the adoption, not over a fixed stretch that one probe more or less can tip)
+    assert phases[first_async:].count("async") / (600 - first_async) > 0.85
     assert adoptions(settled) == 1
 
 
@@ -493,28 +495,51 @@ def test_expected_improvement_against_monte_carlo():
 
 def test_gain_belief_is_a_kalman_filter_over_the_probes():
     """Prior E0 with variance P0 = (prior_logit_sd E_d (1 - E_d))^2, E_d = 1 / (1 + 0.45 d) the
-    delay's prior (d = 3/2 here); a probe at step s2 after the belief's step s1 widens it by
-    (delay_drift k d max(E, 1/R) log2(s2/s1))^2, k d = 0.45 x 1.5 = 0.675, then weighs the
-    estimate by precision (written out by hand)."""
+    delay's prior (d = 3/2 here); a probe at step s2 after the belief's step s1 moves it up by
+    delay_trend k d max(E, 1/R) log2(s2/s1) and widens it by (delay_drift k d max(E, 1/R)
+    log2(s2/s1))^2, k d = 0.45 x 1.5 = 0.675, then weighs the estimate by precision (written out
+    by hand)."""
     e_d = 1 / (1 + 0.45 * 3 / 2)
     p0 = (1.0 * e_d * (1 - e_d)) ** 2
-    drift = 0.4 * 0.675  # delay_drift x k d
-    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_logit_sd=1.0, delay_drift=0.4)
+    drift, rise = 0.4 * 0.675, 0.2 * 0.675  # delay_drift x k d, delay_trend x k d
+    h = heuristic("gain", start="sync", prior_efficiency=0.6, prior_logit_sd=1.0, delay_drift=0.4, delay_trend=0.2)
     assert (h.E, h.var, h.belief_step) == (pytest.approx(0.6), pytest.approx(p0), 30)  # warm-up 0 + window
-    h.update(120, 0.8, 0.1, R=2.0)  # two doublings: widened by (0.27 x 0.6 x 2)^2 (E above 1/R)
-    w = (drift * 0.6 * 2) ** 2
+    h.update(120, 0.8, 0.1, R=2.0)  # two doublings: up by 0.135 x 0.6 x 2, widened by (0.27 x 0.6 x 2)^2 (E above 1/R)
+    e1, w = 0.6 + rise * 0.6 * 2, (drift * 0.6 * 2) ** 2
     k = (p0 + w) / (p0 + w + 0.01)
-    assert h.E == pytest.approx(0.6 + k * 0.2) and h.var == pytest.approx((1 - k) * (p0 + w)) and h.belief_step == 120
-    h.update(120, 0.2, 1e9, R=2.0)  # a useless probe changes nothing
-    assert h.E == pytest.approx(0.6 + k * 0.2, rel=1e-6)
-    # below break-even the drift is relative to 1/R: E = 0.2 at R = 2, one doubling, widened by (0.27 x 0.5)^2;
-    # the prior's spread is the delay's, whatever prior_efficiency says
-    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_logit_sd=1.0, delay_drift=0.4)
+    assert h.E == pytest.approx(e1 + k * (0.8 - e1)) and h.var == pytest.approx((1 - k) * (p0 + w)) and h.belief_step == 120
+    h.update(120, 0.2, 1e9, R=2.0)  # a useless probe at the same step changes nothing
+    assert h.E == pytest.approx(e1 + k * (0.8 - e1), rel=1e-6)
+    # below break-even the trend and the drift are relative to 1/R: E = 0.2 at R = 2, one doubling,
+    # up by 0.135 x 0.5, widened by (0.27 x 0.5)^2; the prior's spread is the delay's, whatever
+    # prior_efficiency says
+    h = heuristic("gain", start="sync", prior_efficiency=0.2, prior_logit_sd=1.0, delay_drift=0.4, delay_trend=0.2)
     assert h.var == pytest.approx(p0)
     h.update(60, 0.3, 0.1, R=2.0)
-    w = (drift * 0.5) ** 2
+    e1, w = 0.2 + rise * 0.5, (drift * 0.5) ** 2
     k = (p0 + w) / (p0 + w + 0.01)
-    assert h.E == pytest.approx(0.2 + k * 0.1) and h.var == pytest.approx((1 - k) * (p0 + w))
+    assert h.E == pytest.approx(e1 + k * (0.3 - e1)) and h.var == pytest.approx((1 - k) * (p0 + w))
+    # once two probes have been judged, their own trend replaces delay_trend: no rise
+    h.probes = [(60, 0.6, 0.1), (90, 0.6, 0.1)]
+    e2, var2 = h.E, h.var
+    h.update(120, e2, 0.1, R=2.0)
+    assert h.E == pytest.approx(e2)
+
+
+def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():
+    """E expected to rise (heuristic.delay_trend): from async, believed ahead (G = 1.2), a probe of
+    sync is worth less the more E is expected to rise, so it comes later; from sync, believed ahead
+    (G = 0.8), a probe of async comes sooner. Once two probes have been judged their own trend
+    replaces it, and the trend no longer moves a probe."""
+    def next_probe(trend, current, g, probes=()):
+        h = heuristic("gain", start=current, delay_trend=trend)
+        h.probes = list(probes)
+        return h.worth_probing(100, 130, g, 0.1, 2.0, current, {})
+
+    assert next_probe(0.0, "async", 1.2) < next_probe(0.24, "async", 1.2) < next_probe(0.5, "async", 1.2)
+    assert next_probe(0.0, "sync", 0.8) > next_probe(0.24, "sync", 0.8) > next_probe(0.5, "sync", 0.8)
+    two = [(40, 1.2, 0.1), (100, 1.2, 0.1)]
+    assert next_probe(0.0, "async", 1.2, two) == next_probe(0.5, "async", 1.2, two)
 
 
 @pytest.mark.parametrize("stages,micro,optimizer,kd", [
@@ -525,7 +550,7 @@ def test_gain_drift_grows_with_the_delay(stages, micro, optimizer, kd):
     for Muon, d = (p - 1) / m): a short delay drifts little, a long one much; at the observation
     streams' d = 3/2 the default 0.37 is the relative drift of 0.25 that gain used before."""
     cfg = OmegaConf.structured(HeuristicConfig)
-    cfg.name, cfg.start, cfg.delay_drift = "gain", "async", 0.37
+    cfg.name, cfg.start, cfg.delay_drift, cfg.delay_trend = "gain", "async", 0.37, 0.0
     ctx = Context(stages=stages, microbatches=micro, max_steps=10_000, lookahead=LAG - 1, sync_step_time=1.0,
                   async_step_time=0.5, extra={"optimizer": optimizer})
     h = build_heuristic(cfg, ctx)
@@ -665,8 +690,9 @@ def test_a_probe_of_async_that_loses_is_undone(name):
     kept, undos, env = drive_undoing(heuristic(name, undo_probes=True), Env(**DAMAGING), 800)
     leg = heuristic(name).leg("async")
     assert len(undos) >= 2 and all(decided == start + leg for start, decided in undos)
-    assert len(kept) == 800 and kept == ["sync"] * 800
-    assert env.t > 800 * DAMAGING["time"]["sync"] + len(undos) * leg * DAMAGING["time"]["async"] * 0.99
+    # every step kept is sync's (up to a probe still open at the end)
+    assert len(kept) >= 800 - leg and kept == ["sync"] * len(kept)
+    assert env.t > len(kept) * DAMAGING["time"]["sync"] + len(undos) * leg * DAMAGING["time"]["async"] * 0.99
     plain, _ = drive(heuristic(name), Env(**DAMAGING), 800)
     assert plain.count("async") >= 2 * leg
 

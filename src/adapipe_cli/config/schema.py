@@ -143,6 +143,11 @@ class HeuristicConfig:
     # delay's k d (= 1 / E_d - 1): 0.37 x k d, 0.25 at the observation streams' d = 1.5 (the drift before),
     # 0.50 at AdamW's d = 3 and 0.06 at d = 3/8, as measured (scripts/calibrate_drift.py)
     delay_drift: float = 0.37
+    # gain: async's efficiency E expected to rise per doubling of the step, relative, per unit of k d
+    # (the drift's direction; 0: none), until two probes give their own trend: the median over 8
+    # cells of E's signed slope over k d, seeds 9-11 and dev seed 3 (scripts/calibrate_drift.py: E
+    # rose in 22 of 25 runs)
+    delay_trend: float = 0.24
     # gain: sd of the prior's logit efficiency, logit E = log(E / (1 - E)): E's sd is prior_logit_sd x
     # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
     # the root mean square of its errors on 20 rows of the method comparison's seeds 0-5 (scripts/calibrate_prior.py)

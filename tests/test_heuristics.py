@@ -540,6 +540,17 @@ def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():
     assert next_probe(0.0, "sync", 0.8) > next_probe(0.24, "sync", 0.8) > next_probe(0.5, "sync", 0.8)
     two = [(40, 1.2, 0.1), (100, 1.2, 0.1)]
     assert next_probe(0.0, "async", 1.2, two) == next_probe(0.5, "async", 1.2, two)
+    # the trend stops at E = 1: a stale gradient is expected to do no better than a fresh one
+    h = heuristic("gain", delay_trend=0.5)
+    h.E, h.var, start = 0.95, 0.0, h.belief_step
+    h.update(8 * start, 0.5, 1e9, R=2.0)  # three doublings, 0.5 x 0.675 x 0.95 each; a useless probe
+    assert h.E == pytest.approx(1.0)
+    # near break-even from async a probe comes at once without a trend, and with one only where E
+    # has room to rise (G = 1.04: E = 0.52 at R = 2, 0.99 at R = 1.05)
+    at = lambda trend, R: heuristic("gain", start="async", delay_trend=trend).worth_probing(  # noqa: E731
+        100, 130, 1.04, 0.1, R, "async", {})
+    assert at(0.0, 2.0) < at(0.24, 2.0) < at(0.5, 2.0)
+    assert at(0.0, 1.05) == at(0.5, 1.05)
 
 
 @pytest.mark.parametrize("stages,micro,optimizer,kd", [

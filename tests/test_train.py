@@ -131,6 +131,8 @@ BAD = [
     (["heuristic=gain", "heuristic.delay_drift=-0.1"], "heuristic.delay_drift=-0.1: give a spread >= 0"),
     (["heuristic=gain", "heuristic.drift=0.25"], "config key 'heuristic.drift' was retired: use heuristic.delay_drift"),
     (["heuristic=gain", "heuristic.prior_logit_sd=-1"], "heuristic.prior_logit_sd=-1.0: give a spread >= 0"),
+    (["heuristic=gain", "heuristic.probe_se=inf"], "heuristic.probe_se=inf: give a spread >= 0"),
+    (["heuristic=gain", "heuristic.delay_trend=nan"], "heuristic.delay_trend=nan: give a number"),
     (["heuristic=gain", "heuristic.prior_spread=0.5"], "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd"),
     (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
     (["optim.beta1=1.5"], "optim.beta1=1.5: give a value in [0, 1)"),

@@ -9,7 +9,8 @@ async G. Running the worse phase for a time T loses ``|G - 1| T``. After a verdi
 heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
 
     mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps
-              + tau max(G_s, 1) log2(t / s)    tau: E's expected rise (before two probes; then 0)
+              + tau max(G_s, 1) log2(t / s)    tau: E's expected rise (before two probes; then 0),
+                                               up to E = 1 (G = R)
     sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta max(G_s, 1) log2(t / s))^2
 
 ``se_s`` the standard error of the smoothed estimate, ``delta`` the relative drift that no trend
@@ -37,8 +38,10 @@ every held-out run that started in async (7 to 12% of a run at depth 8).
 **The drift has a direction**: async's efficiency rises as training goes on, in 22 of the 25
 measured runs above (the gradients' change per step, and with it what a stale gradient misses,
 shrinks as the loss flattens). Until two probes give their own trend b, the belief's mean moves up
-by ``tau = heuristic.delay_trend x k d`` per doubling of the step (relative, as the drift), in
-the Kalman step and in the value of the next probe; the default 0.24 is the median over the 8
+by ``tau = heuristic.delay_trend x k d`` per doubling of the step (relative, as the drift), up to
+E = 1 (a stale gradient is expected to do no better than a fresh one), in the Kalman step and in
+the value of the next probe (after two probes the Kalman step has no trend; b enters only the
+value of a probe); the default 0.24 is the median over the 8
 cells of E's signed slope over k d (``scripts/calibrate_drift.py``). In a run that starts in async
 it puts off a probe of sync that the unseen drift alone would bring on (at d = 3, where the drift
 is 0.50 per doubling); where E falls instead (the observation streams' crossings), the first two
@@ -149,7 +152,9 @@ class Gain(Prober):
         doublings = math.log2(max(step, 1) / self.belief_step)
         widen = self.drift * scale * doublings
         rise = self.rise if len(self.probes) < 2 else 0.0  # (see worth_probing)
-        prior_E, prior_var = self.E + rise * scale * doublings, self.var + widen * widen
+        # (a stale gradient is expected to do no better than a fresh one: the trend stops at E = 1)
+        prior_E = max(self.E, min(1.0, self.E + rise * scale * doublings))
+        prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = prior_E + k * (e_hat - prior_E), (1 - k) * prior_var, max(step, 1)
 
@@ -225,7 +230,8 @@ class Gain(Prober):
             # scale-free: as much per doubling of the step, relative to G or to break-even (1),
             # whichever is larger: a phase far behind can still come back
             doublings = math.log2(t / max(now, 1))
-            m = sign * (g + b * dt + rise * max(abs(g), 1.0) * doublings - 1.0)
+            up = max(0.0, min(rise * max(abs(g), 1.0) * doublings, R - g))  # up to E = 1 (G = R)
+            m = sign * (g + b * dt + up - 1.0)
             unseen = self.drift * max(abs(g), 1.0) * doublings
             sd2 = se * se + var_b * dt * dt + unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as

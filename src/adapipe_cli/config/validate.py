@@ -167,8 +167,8 @@ def _check_schedule(cfg) -> None:
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
     for key in ("delay_drift", "prior_logit_sd", "probe_se"):  # spreads: a negative one would be squared into a valid-looking one
         _need(math.isfinite(cfg.heuristic[key]) and cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
-    _need(math.isfinite(cfg.heuristic.delay_trend),  # signed: E may be expected to fall
-          f"heuristic.delay_trend={cfg.heuristic.delay_trend}: give a number (E's rise per doubling per unit of k d; 0: none)")
+    _need(math.isfinite(cfg.heuristic.delay_trend) and cfg.heuristic.delay_trend >= 0,
+          f"heuristic.delay_trend={cfg.heuristic.delay_trend}: give a rise >= 0 (E's per doubling per unit of k d; 0: none)")
     w = cfg.heuristic.sync_warmup
     _need(w is None or w >= 0, f"heuristic.sync_warmup={w}: give a number of steps >= 0 (0: none), or null for the optimizer's default")
     if s.name == "adapipe" and cfg.heuristic.name == "fixed":

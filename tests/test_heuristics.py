@@ -229,6 +229,30 @@ def test_the_rate_fit_is_unbiased_on_one_run_labelled_as_two_phases(probed, curv
     assert abs(np.median(es_linear) - 1) > 0.4  # the old trend's bias, for comparison
 
 
+@pytest.mark.parametrize("e_start,e_end", [(0.3, 0.85), (0.85, 0.3)])
+@pytest.mark.parametrize("curve", ["exponential", "power law"])
+def test_the_rate_fit_reads_a_changing_efficiency_over_its_window(curve, e_start, e_end):
+    """A run in async with a probe of sync (async on both sides of the window), whose E changes
+    linearly in log-step across the window, and whose loss falls as a function of progress (a
+    sync step 1, an async step E). The one E the fit returns lies between E at the window's start
+    and at its end, not at the end the verdict comes at, and for the exponential curve (the
+    trend family) within 0.05 of E at the window's middle: where E rises, a verdict reads E as it
+    was about half a window earlier."""
+    steps, phases = aa_window("sync")
+    s0, s1 = steps[0], steps[-1]
+    E = lambda s: e_start + (e_end - e_start) * math.log2(s / s0) / math.log2(s1 / s0)  # noqa: E731
+    shape = (lambda p: 1.1 + 4.5 * math.exp(-p / 18)) if curve == "exponential" else (lambda p: 1.0 + 60 / (p + 10))
+    progress, losses = s0 * e_start, []
+    for s, phase in zip(steps, phases):
+        losses.append(shape(progress))
+        progress += 1.0 if phase == "sync" else E(s)
+    r = fit_rates(phases, losses, [1.0] * len(losses), transients=True, settle={"sync": 3, "async": 8})
+    e_hat = r.async_ / r.sync
+    assert min(e_start, e_end) + 0.03 < e_hat < max(e_start, e_end) - 0.03
+    if curve == "exponential":
+        assert e_hat == pytest.approx(E((s0 + s1) / 2), abs=0.05)
+
+
 def test_ar1_inflation_matches_the_noise_correlation():
     """The variance inflation of a slope under AR(1) noise, (1 + rho) / (1 - rho): about 9 for rho
     = 0.8 (here in four stretches of 50 steps, each with its own level removed, as the fit's level

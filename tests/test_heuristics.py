@@ -199,6 +199,10 @@ def aa_window(probed: str) -> tuple[range, list[str]]:
     return steps, [probed if 50 <= s < 50 + leg[probed] else current for s in steps]
 
 
+# early training's loss against the step (or progress): falling steeply, then flattening
+EARLY_CURVES = {"exponential": lambda s: 1.1 + 4.5 * math.exp(-s / 18), "power law": lambda s: 1.0 + 60 / (s + 10)}
+
+
 @pytest.mark.parametrize("probed", ["sync", "async"])
 @pytest.mark.parametrize("curve", ["exponential", "power law"])
 def test_the_rate_fit_is_unbiased_on_one_run_labelled_as_two_phases(probed, curve):
@@ -213,7 +217,7 @@ def test_the_rate_fit_is_unbiased_on_one_run_labelled_as_two_phases(probed, curv
     phases."""
     rng = np.random.default_rng(1)
     steps, phases = aa_window(probed)
-    shape = (lambda s: 1.1 + 4.5 * math.exp(-s / 18)) if curve == "exponential" else (lambda s: 1.0 + 60 / (s + 10))
+    shape = EARLY_CURVES[curve]
     es, zs, es_linear = [], [], []
     for trial in range(100):
         losses = [shape(s) + 0.02 * rng.normal() for s in steps]
@@ -241,7 +245,7 @@ def test_the_rate_fit_reads_a_changing_efficiency_over_its_window(curve, e_start
     steps, phases = aa_window("sync")
     s0, s1 = steps[0], steps[-1]
     E = lambda s: e_start + (e_end - e_start) * math.log2(s / s0) / math.log2(s1 / s0)  # noqa: E731
-    shape = (lambda p: 1.1 + 4.5 * math.exp(-p / 18)) if curve == "exponential" else (lambda p: 1.0 + 60 / (p + 10))
+    shape = EARLY_CURVES[curve]
     progress, losses = s0 * e_start, []
     for s, phase in zip(steps, phases):
         losses.append(shape(progress))

@@ -10,9 +10,10 @@
    from the run's own profile.json: its measured costs and the link its workers measured at
    start-up, timing the phases the run actually had (goal within 5%); again from the in-run
    profile (``profile_in_run.json``: each action at what it cost in a run) of another run, this
-   repeat's 1F1B run (for 1F1B, the repeat before's; not for interleaved, whose profile has a row
-   per chunk): costs measured as a pipeline computes, on the same machine minutes apart, for a
-   schedule that was not run to measure them; and each run's peak memory
+   repeat's 1F1B run (for 1F1B, the repeat before's; for interleaved, whose profile has a row per
+   chunk, the repeat before's interleaved run): costs measured as a pipeline computes, on the same
+   machine minutes apart, for a schedule that was not run to measure them where it can be one
+   (1F1B's rows are whole stages); and each run's peak memory
    (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
    train`` process of its own, so the driver's peak is that run's).
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
@@ -64,6 +65,7 @@ from adapipe_cli.train.build import pick_sync  # noqa: E402
 SKIP = 5  # steps left out at either end of a run (fewer in a short run: a quarter of it)
 ADAPIPE = "heuristic.plan=[[sync,10],[async,20],[sync,10],[async,null]]"  # an AdaPipe run with switches
 # adapipe's sync schedules and torch's of the same kind (see the module docstring)
+REFERENCES = ("1f1b", "interleaved")  # predicted from the repeat before's run of their own (the others from 1F1B's)
 TORCH = {"1f1b": "Schedule1F1B", "zbh1": "ScheduleInterleavedZeroBubble", "interleaved": "ScheduleInterleaved1F1B"}
 
 
@@ -116,7 +118,7 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     # the action table's window is steps warm_steps.. to the end, a little wider than ``measured``'s)
     in_run = in_run_profile(table, prof) if table else None
     other = CostProfile.load(reference) if reference is not None else None
-    if other is not None and other.stages != prof.stages:  # (interleaved: virtual stages, one profile row each)
+    if other is not None and other.stages != prof.stages:  # (whole stages for virtual ones, or the reverse: left out)
         other = None
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
             predict(other) if other else None)
@@ -328,7 +330,8 @@ def main() -> None:
     if any(not fits(p, s) for p in depths for s in [*args.schedules, *rsched]):
         header += f"; interleaved left out where stages x {args.chunks} chunks > the model's {blocks} blocks"
     runs = {(p, s): [] for p in depths for s in [*(f"torch-{s}" for s in twins), *args.schedules]}
-    in_run: dict[tuple[int, int], Path] = {}  # (p, repeat) -> the profile_in_run.json of that repeat's 1F1B run
+    # (p, schedule, repeat) -> the profile_in_run.json of that repeat's 1F1B or interleaved run
+    in_run: dict[tuple[int, str, int], Path] = {}
     runs.update({(p, replica_key(s, r)): [] for p in depths for s in rsched for r in [1, *replicas]})
     memory = {(p, s): [] for p in depths for s in [*args.schedules, *(replica_key(s, r) for s in rsched for r in [1, *replicas])]}  # peak_rss() of each repeat
     transport = None
@@ -345,12 +348,13 @@ def main() -> None:
             for schedule in [s for s in twins if fits(p, s)]:
                 runs[(p, f"torch-{schedule}")].append(torch_step_time(args, schedule, out))
             for schedule in [s for s in args.schedules if fits(p, s)]:
-                # another run's in-run costs: this repeat's 1F1B run, or for 1F1B the repeat before's
-                # (a file this invocation wrote, not one left in a reused --out)
-                ref = in_run.get((p, i - 1 if schedule == "1f1b" else i))
+                # another run's in-run costs: this repeat's 1F1B run, or for 1F1B and interleaved (a
+                # row per chunk) the repeat before's run of the same schedule (a file this
+                # invocation wrote, not one left in a reused --out)
+                ref = in_run.get((p, schedule, i - 1) if schedule in REFERENCES else (p, "1f1b", i))
                 runs[(p, schedule)].append(adapipe_run(args, schedule, out / f"p{p}-{schedule}{i}", reference=ref))
-                if schedule == "1f1b" and (out / f"p{p}-1f1b{i}" / "profile_in_run.json").exists():
-                    in_run[(p, i)] = out / f"p{p}-1f1b{i}" / "profile_in_run.json"
+                if schedule in REFERENCES and (out / f"p{p}-{schedule}{i}" / "profile_in_run.json").exists():
+                    in_run[(p, schedule, i)] = out / f"p{p}-{schedule}{i}" / "profile_in_run.json"
                 memory[(p, schedule)].append(peak_rss(out / f"p{p}-{schedule}{i}"))
                 save()
             for schedule in [s for s in rsched if fits(p, s)]:
@@ -399,9 +403,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                              "each action at the run's own cost: the schedule's timing alone"))
             other = [r[0] / r[4] for r in rs if len(r) > 4 and r[4]]
             if other:
-                rows.append((f"p={p}: {schedule} measured / simulated from 1F1B's in-run profile", fmt(other),
-                             f"{len(other)} repeats; another run's profile_in_run.json: this repeat's 1F1B run, or for "
-                             "1F1B the repeat before; goal within 5%"))
+                whose = ("the repeat before's run of the same schedule" if schedule in REFERENCES
+                         else "this repeat's 1F1B run")
+                rows.append((f"p={p}: {schedule} measured / simulated from another run's in-run profile", fmt(other),
+                             f"{len(other)} repeats; the profile_in_run.json of {whose}; goal within 5%"))
             went = [r[2] for r in rs if len(r) > 2 and r[2]]  # (a bench.json from before action_times has none)
             if went:
                 med = lambda k: statistics.median(w[k] for w in went)  # noqa: E731

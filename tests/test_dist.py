@@ -18,7 +18,7 @@ from adapipe_cli.config import ConfigError
 from adapipe_cli import checkpoint
 from adapipe_cli.runtime.action_times import warm_steps
 from adapipe_cli.simulator.clock import CostProfile
-from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
+from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part, usable_cores
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
@@ -56,11 +56,13 @@ SLOW = [("1f1b", 2, 2, ""), ("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " s
 
 
 @pytest.mark.parametrize("schedule,stages,micro,extra", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
-def test_dist_losses_equal_local(make_cfg, tmp_path, schedule, stages, micro, extra):
+def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, micro, extra):
     rss_before_mb = rss_now_mb()
     (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
         make_cfg, tmp_path, f"schedule={schedule}", f"pipeline.stages={stages}", f"pipeline.microbatches={micro}",
         *([*extra.split(), "heuristic=fixed"] if extra else []))  # (the default heuristic follows each runtime's clock)
+    # one worker of one thread per stage: they share the cores where there are more stages than cores
+    assert (f"{stages} workers x 1 thread share" in capsys.readouterr().err) == (stages > usable_cores())
     assert dsteps == lsteps
     assert devals == levals and [v for v, _ in devals] == [0, 4, 8, 12]
     assert (ds["runtime"], ds["backend"], ds["clock"]) == ("dist", "gloo", "wall")

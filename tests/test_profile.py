@@ -240,6 +240,21 @@ def test_microsecond_jitter_does_not_hide_a_slow_forwards_spread():
     line = unsteady(spread, times)
     assert line is not None and "stage 1's forward took 1.5x" in line
     assert unsteady({"copy": [10.0]}, {"copy": [2e-6]}) is None
+    assert "other work on this machine?" in line
+
+
+def test_an_unsteady_profile_of_workers_sharing_cores_names_the_sharing():
+    """Dist workers that need more threads than the machine has cores take turns on them: the
+    warning and its advice name that, not other work, and a launch that shares cores says so once."""
+    from adapipe_cli.runtime.dist import shared_cores
+    from adapipe_cli.runtime.profile import unsteady
+
+    line = unsteady({"forward": [0.0, 2.0]}, {"forward": [0.01, 0.01]}, shared=(4, 2))
+    assert "stage 1's forward took 3.0x" in line and "(the workers' 4 threads share 2 cores)" in line
+    assert "other work" not in line and "at most 2 single-threaded stages" in line
+    assert shared_cores(4, 1, "gloo", 2) == (4, 2) and shared_cores(2, 2, "gloo", 2) == (4, 2)
+    assert shared_cores(2, 1, "gloo", 2) is None and shared_cores(1, 2, "gloo", 2) is None  # (fits)
+    assert shared_cores(8, 1, "nccl", 2) is None  # (a GPU per worker: the cores only launch its kernels)
 
 
 def test_dist_workers_time_each_stage_beside_its_peers_and_the_prediction_uses_it(make_cfg):

@@ -84,6 +84,21 @@ def worker_context():
     return ctx
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (no affinity call on this platform)
+        return os.cpu_count() or 1
+
+
+def shared_cores(workers: int, threads: int, backend: str, cores: int) -> tuple[int, int] | None:
+    """(threads, cores) where ``workers`` CPU workers on this node (gloo: CPUs) of ``threads`` each
+    need more threads than the node has ``cores`` (they then take turns, unlike a pipeline with a
+    device per stage), else None."""
+    return (workers * threads, cores) if backend == "gloo" and workers * threads > cores else None
+
+
 def choose_backend(cfg, launched: bool) -> tuple[str, list[str] | None]:
     """(backend, device of each rank or None for the default). ``auto``: NCCL when there is a CUDA
     device for every worker (stages x replicas; or, under torchrun, on each rank), gloo on CPUs
@@ -213,6 +228,12 @@ class DistRuntime:
             self.board = Board("127.0.0.1", 0, "adapipe", server=True)
             local, per_node = list(range(self.n)), self.n
         threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
+        self.shared = shared_cores(per_node, threads, self.backend, usable_cores())
+        if self.shared:
+            print(f"adapipe: warning: {per_node} workers x {threads} thread{'s' if threads > 1 else ''} share "
+                  f"{self.shared[1]} cores: each computes part of the time, so the step times are not those of a "
+                  f"pipeline with a device per stage (which the simulator and the start-up profile assume)",
+                  file=sys.stderr)
         self.board.put("spec", {"config": OmegaConf.to_container(cfg, resolve=True), "backend": self.backend,
                                 "eval_steps": sorted(self.eval_steps), "devices": devices, "timeout_s": self.timeout_s,
                                 "threads": threads, "run_dir": str(spec.run_dir), "start": self.start,
@@ -249,7 +270,7 @@ class DistRuntime:
         parts = [CostProfile(**d) for d in self._collect(keys)]
         for key in keys:
             self.board.delete(key)
-        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps, chunks=self.chunks)
+        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps, chunks=self.chunks, shared=self.shared)
 
     def _start(self, ranks: list[int], log_dir: Path) -> None:
         ctx = worker_context()

@@ -176,21 +176,27 @@ def device_timer(tokens: torch.Tensor, timer: Callable[[], float]) -> Callable[[
     return EventTimer(tokens.device) if tokens.device.type == "cuda" and timer is time.perf_counter else timer
 
 
-def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]]) -> str | None:
+def unsteady(spread: dict[str, list[float]], times: dict[str, list[float]],
+             shared: tuple[int, int] | None = None) -> str | None:
     """One warning line naming the stage and kind of work whose two passes disagree most among those
     whose spread exceeds :data:`SPREAD_LIMIT` and :data:`SPREAD_FLOOR_S` in seconds (microsecond
     work, a weight copy or an empty input gradient, jitters by large factors and must not hide a
-    slow forward's spread); else None."""
+    slow forward's spread); else None. ``shared``: (threads, cores) where the dist workers measuring
+    side by side need more threads than the machine has cores, the likely cause then."""
     over = [(s, kind) for kind in spread for s in range(len(spread[kind]))
             if spread[kind][s] > SPREAD_LIMIT and spread[kind][s] * times[kind][s] > SPREAD_FLOOR_S]
     if not over:
         return None
     s, kind = max(over, key=lambda sk: spread[sk[1]][sk[0]])
     value = spread[kind][s]
-    return (f"adapipe: warning: unsteady cost profile: stage {s}'s {kind} took {1 + value:.1f}x as long in one "
-            f"measuring pass as in the other (other work on this machine?), so the pipeline clock may be wrong; "
-            f"for a quiet measurement use pipeline.threads=1 on an idle machine, or measure once with "
-            f"`adapipe profile` and reuse it with pipeline.profile=FILE")
+    head = f"adapipe: warning: unsteady cost profile: stage {s}'s {kind} took {1 + value:.1f}x as long in one measuring pass as in the other"
+    if shared:
+        return (f"{head} (the workers' {shared[0]} threads share {shared[1]} cores), so the pipeline clock may be "
+                f"wrong; measure once with `adapipe profile` (one stage at a time) and reuse it with "
+                f"pipeline.profile=FILE, or run at most {shared[1]} single-threaded stages on this machine")
+    return (f"{head} (other work on this machine?), so the pipeline clock may be wrong; for a quiet measurement "
+            f"use pipeline.threads=1 on an idle machine, or measure once with `adapipe profile` and reuse it with "
+            f"pipeline.profile=FILE")
 
 
 def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
@@ -275,18 +281,18 @@ def stage_memory(stage: GPTStage, make_optimizer: Callable[[list], StageOptimize
 
 
 def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-                  rounds: int = MIN_ROUNDS, chunks: int = 1) -> CostProfile:
+                  rounds: int = MIN_ROUNDS, chunks: int = 1, shared: tuple[int, int] | None = None) -> CostProfile:
     """The profile of a pipeline whose stage ``s`` was measured alone, where it runs, as the
     one-stage ``parts[s]`` (the dist runtime's workers, each on its own device); an unsteady
-    measurement is reported with ``warn`` as :func:`measure_profile` does (``rounds`` per pass).
-    With ``chunks`` per worker, ``parts[d]`` holds device ``d``'s chunks, and virtual stage ``c``
+    measurement is reported with ``warn`` as :func:`measure_profile` does (``rounds`` per pass;
+    ``shared``: (threads, cores) where the workers outnumber the cores, :func:`unsteady`). With ``chunks`` per worker, ``parts[d]`` holds device ``d``'s chunks, and virtual stage ``c``
     is its entry ``c // p`` of ``parts[c % p]``."""
     p = len(parts)
     at = [(c % p, c // p) for c in range(p * chunks)]  # virtual stage -> (part, entry)
     col = lambda name: [getattr(parts[d], name)[j] for d, j in at]  # noqa: E731
     times = {kind: col(kind) for kind in KINDS}
     spread = {kind: [parts[d].meta.get("spread", {}).get(kind, [0.0] * chunks)[j] for d, j in at] for kind in KINDS}
-    line = unsteady(spread, times) if rounds >= MIN_ROUNDS else None
+    line = unsteady(spread, times, shared) if rounds >= MIN_ROUNDS else None
     if line:
         warn(line)
     meta = {**parts[0].meta, "method": f"{parts[0].meta.get('method', '')}, each stage where it runs",

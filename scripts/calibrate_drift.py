@@ -19,7 +19,13 @@ divided by k d it is the ``delay_drift`` that cell implies (its size), and with 
     python scripts/calibrate_drift.py /path/to/bench_out [...] --out docs/results/drift
 
 Each bench output folder holds ``CELL/METHOD_sSEED/metrics.jsonl`` and ``CELL/profile.json``
-(bench_adapipe's layout; the runs are not in the repository's results, only their summaries).
+(bench_adapipe's layout; the runs are not in the repository's results, only their summaries). A
+folder may also be an ``adapipe sweep`` directory (its ``sweep.json`` names the runs, their
+overrides and each depth's profile): each setting (depth, batch) is a cell, named
+``GRID_pP_bB``, with ``sync`` as its sync curve where it ran (1F1B trains exactly as ZB-H1, and
+runs its whole budget, where sync-zb stops at the late target), else ``sync-zb``, against
+``pipedream+predict``; R and E_d are those of its ``adapipe-gain+predict`` (or any AdaPipe method
+of the grid) set up on the same overrides.
 A seed with fewer than two usable bands (a curve that does not fall through them, e.g. a run
 stopped early), a cell without delay (k d = 0: one stage) and a folder that is not a cell are
 left out, and said so.
@@ -37,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from calibrate_prior import cell_context  # noqa: E402
+from calibrate_prior import cell_context, run_context  # noqa: E402
 
 START = 40  # steps: past the learning-rate warm-up of every method comparison cell
 SYNC, ASYNC = "sync-zb", "pipedream+predict"
@@ -92,30 +98,62 @@ def cell_key(name: str) -> tuple:
     return data, optim, int(p[1:]), int(m[1:])
 
 
+def sweep_cells(folder: Path) -> list[tuple[str, tuple[float, float], dict[int, tuple[Path, Path]]]]:
+    """[(GRID_pP_bB, (R, E_d), {seed: (sync run, async run)})] of an ``adapipe sweep`` directory's
+    settings (see the module docstring); settings without AdaPipe, sync or async runs left out."""
+    from adapipe_cli.sweep.grid import merge_overrides
+
+    state = json.loads((folder / "sweep.json").read_text())
+    definition, out = state["definition"], []
+    adaptive = next((m for m in ("adapipe-gain+predict", *definition["methods"])
+                     if m in definition["methods"] and any("schedule=adapipe" in o for o in definition["methods"][m])), None)
+    settings = sorted({(c["setting"], c["stages"], c["microbatches"], c["batch_size"]) for c in state["cells"]})
+    for setting, p, m, batch in settings:
+        runs = {(c["method"], c["seed"]): folder / c["name"] for c in state["cells"] if c["setting"] == setting}
+        sync = "sync" if any(k[0] == "sync" for k in runs) else "sync-zb"
+        pairs = {seed: (run, runs[(ASYNC, seed)]) for (method, seed), run in runs.items()
+                 if method == sync and (ASYNC, seed) in runs}
+        profile = state["profiles"].get(f"p{p}")
+        if adaptive is None or not pairs or profile is None:
+            continue
+        axes = [f"pipeline.stages={p}", f"pipeline.microbatches={m}", f"train.batch_size={batch}", f"pipeline.profile={profile}"]
+        context = run_context(merge_overrides(definition["fixed"], definition["methods"][adaptive], axes))
+        out.append((f"{state['name']}_{setting}", context, pairs))
+    return out
+
+
+def bench_cells(folder: Path, left_out: list[str]) -> list[tuple[str, tuple[float, float], dict[int, tuple[Path, Path]]]]:
+    """[(CELL, (R, E_d), {seed: (sync-zb run, async run)})] of a bench_adapipe output folder."""
+    out = []
+    for cell in sorted(c for c in folder.iterdir() if (c / "profile.json").exists()):
+        try:
+            key = cell_key(cell.name)
+        except ValueError:
+            left_out.append(f"{folder.name}/{cell.name}: not a bench cell's name (DATA_OPTIM_pP_mM)")
+            continue
+        seeds = sorted({int(r.name.rsplit("_s", 1)[1]) for r in cell.glob(f"{SYNC}_s*")})
+        out.append((cell.name, cell_context(key, cell / "profile.json"),
+                    {s: (cell / f"{SYNC}_s{s}", cell / f"{ASYNC}_s{s}") for s in seeds}))
+    return out
+
+
 def measure(folders: list[Path], bands: int) -> tuple[list[dict], list[str]]:
     rows, left_out = [], []
     for folder in folders:
-        for cell in sorted(c for c in folder.iterdir() if (c / "profile.json").exists()):
-            try:
-                key = cell_key(cell.name)
-            except ValueError:
-                left_out.append(f"{folder.name}/{cell.name}: not a bench cell's name (DATA_OPTIM_pP_mM)")
-                continue
-            R, e_d = cell_context(key, cell / "profile.json")
+        sweep = (folder / "sweep.json").exists()  # an adapipe sweep directory, else a bench output folder
+        for name, (R, e_d), pairs in sweep_cells(folder) if sweep else bench_cells(folder, left_out):
             if e_d >= 1.0:
-                left_out.append(f"{folder.name}/{cell.name}: no delay (k d = 0)")
+                left_out.append(f"{folder.name}/{name}: no delay (k d = 0)")
                 continue
-            seeds = sorted({r.name.rsplit("_s", 1)[1] for r in cell.glob(f"{SYNC}_s*")}, key=int)
-            for seed in seeds:
-                runs = cell / f"{SYNC}_s{seed}", cell / f"{ASYNC}_s{seed}"
+            for seed, runs in sorted(pairs.items()):
                 if not all((r / "metrics.jsonl").exists() for r in runs):
-                    left_out.append(f"{folder.name}/{cell.name} seed {seed}: a run is missing")
+                    left_out.append(f"{folder.name}/{name} seed {seed}: a run is missing")
                     continue
                 points = local_efficiency(curve(runs[0]), curve(runs[1]), bands)
                 if len({s for s, _ in points}) < 2:
-                    left_out.append(f"{folder.name}/{cell.name} seed {seed}: fewer than 2 bands with progress on both curves")
+                    left_out.append(f"{folder.name}/{name} seed {seed}: fewer than 2 bands with progress on both curves")
                     continue
-                rows.append({"source": str(folder), "cell": cell.name, "seed": int(seed), "R": R, **drift_row(points, R, e_d)})
+                rows.append({"source": str(folder), "cell": name, "seed": seed, "R": R, **drift_row(points, R, e_d)})
     return rows, left_out
 
 
@@ -148,13 +186,14 @@ def markdown(rows: list[dict], left_out: list[str], cmd: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("folders", nargs="+", type=Path, help="bench_adapipe output folders (with the run folders)")
+    ap.add_argument("folders", nargs="+", type=Path, help="bench_adapipe output folders (with the run folders) "
+                    "or adapipe sweep directories")
     ap.add_argument("--bands", type=int, default=4)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     for f in args.folders:
         if not f.is_dir():
-            print(f"calibrate_drift: {f} is not a folder: give bench_adapipe output folders", file=sys.stderr)
+            print(f"calibrate_drift: {f} is not a folder: give bench_adapipe output folders or sweep directories", file=sys.stderr)
             return 2
     rows, left_out = measure(args.folders, args.bands)
     if not rows:

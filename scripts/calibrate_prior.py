@@ -43,12 +43,16 @@ BENCH = argparse.Namespace(model="gpt-micro", micro_size=2, steps=200)
 def cell_context(cell: tuple, profile: Path) -> tuple[float, float]:
     """(R, E_d) of a bench cell (data, optim, p, m): AdaPipe's predicted step-time ratio and its
     delay prior, as the run's own set-up computes them."""
+    data, optim, p, m = cell
+    return run_context(bench.cell_overrides(BENCH, data, optim, p, m) + [f"pipeline.profile={profile}"]
+                       + bench.methods(p, m, [])["adapipe-gain+predict"])
+
+
+def run_context(overrides: list[str]) -> tuple[float, float]:
+    """(R, E_d) of the AdaPipe run that ``adapipe train OVERRIDES`` sets up (nothing trained)."""
     from adapipe_cli.cli.compose import compose_config
     from adapipe_cli.train.setup import RunSetup
 
-    data, optim, p, m = cell
-    overrides = (bench.cell_overrides(BENCH, data, optim, p, m) + [f"pipeline.profile={profile}"]
-                 + bench.methods(p, m, [])["adapipe-gain+predict"])
     with tempfile.TemporaryDirectory() as d:
         setup = RunSetup(compose_config(overrides), Path(d))
         setup.runtime.close()

@@ -90,3 +90,32 @@ def test_no_usable_folder_is_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     assert cal.main([str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     assert "no cell" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_a_sweep_directory_is_read_per_setting_with_sync_against_pipedream(tmp_path, monkeypatch):
+    """An ``adapipe sweep`` directory: each setting a cell, ``sync``'s curve (else sync-zb's) against
+    pipedream+predict's, R and E_d from the grid's AdaPipe method set up on the setting's overrides."""
+    cal = load()
+    seen = []
+    monkeypatch.setattr(cal, "run_context", lambda overrides: seen.append(overrides) or (4.0, 0.5))
+    sweep = tmp_path / "grid"
+    cells = [{"name": f"p8_b4_{m}_s{s}", "setting": "p8_b4", "stages": 8, "microbatches": 1, "batch_size": 4,
+              "method": m, "seed": s} for m in ("sync", "sync-zb", "pipedream+predict") for s in (3, 4)]
+    cells.append({"name": "p4_b4_sync_s3", "setting": "p4_b4", "stages": 4, "microbatches": 1, "batch_size": 4,
+                  "method": "sync", "seed": 3})  # (no async run at depth 4: not a cell)
+    definition = {"fixed": ["model=gpt-micro", "train.max_steps=1500"],
+                  "methods": {"sync": ["schedule=1f1b"], "sync-zb": ["schedule=zbh1", "train.stop_at_target=true"],
+                              "pipedream+predict": ["schedule=pipedream"],
+                              "adapipe-gain+predict": ["schedule=adapipe", "heuristic=gain"]}}
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"name": "cpu-adamw", "definition": definition, "cells": cells,
+                                                  "profiles": {"p8": "/profiles/p8_mb4.json"}}))
+    for s in (3, 4):
+        write_run(sweep / f"p8_b4_sync_s{s}", sync_loss)
+        write_run(sweep / f"p8_b4_sync-zb_s{s}", lambda t: sync_loss(2.0 * t))  # (not read: sync is there)
+        write_run(sweep / f"p8_b4_pipedream+predict_s{s}", lambda t: sync_loss(0.5 * t))
+    rows, left_out = cal.measure([sweep], bands=4)
+    assert [(r["cell"], r["seed"]) for r in rows] == [("cpu-adamw_p8_b4", 3), ("cpu-adamw_p8_b4", 4)] and not left_out
+    assert all(r["E"] == pytest.approx([0.5] * 4, abs=0.02) and r["kd"] == pytest.approx(1.0) for r in rows)
+    assert seen == [["model=gpt-micro", "train.max_steps=1500", "schedule=adapipe", "heuristic=gain", "pipeline.stages=8",
+                     "pipeline.microbatches=1", "train.batch_size=4", "pipeline.profile=/profiles/p8_mb4.json"]]

@@ -116,7 +116,8 @@ def sweep_cells(folder: Path) -> list[tuple[str, tuple[float, float], dict[int, 
         profile = state["profiles"].get(f"p{p}")
         if adaptive is None or not pairs or profile is None:
             continue
-        axes = [f"pipeline.stages={p}", f"pipeline.microbatches={m}", f"train.batch_size={batch}", f"pipeline.profile={profile}"]
+        axes = [f"pipeline.stages={p}", f"pipeline.microbatches={m}", f"train.batch_size={batch}", f"pipeline.profile={profile}",
+                "train.stop_at_target=false"]  # (no target is set: R and E_d do not depend on it)
         context = run_context(merge_overrides(definition["fixed"], definition["methods"][adaptive], axes))
         out.append((f"{state['name']}_{setting}", context, pairs))
     return out

@@ -106,7 +106,7 @@ def test_a_sweep_directory_is_read_per_setting_with_sync_against_pipedream(tmp_p
     definition = {"fixed": ["model=gpt-micro", "train.max_steps=1500"],
                   "methods": {"sync": ["schedule=1f1b"], "sync-zb": ["schedule=zbh1", "train.stop_at_target=true"],
                               "pipedream+predict": ["schedule=pipedream"],
-                              "adapipe-gain+predict": ["schedule=adapipe", "heuristic=gain"]}}
+                              "adapipe-gain+predict": ["schedule=adapipe", "heuristic=gain", "train.stop_at_target=true"]}}
     sweep.mkdir()
     (sweep / "sweep.json").write_text(json.dumps({"name": "cpu-adamw", "definition": definition, "cells": cells,
                                                   "profiles": {"p8": "/profiles/p8_mb4.json"}}))
@@ -118,4 +118,5 @@ def test_a_sweep_directory_is_read_per_setting_with_sync_against_pipedream(tmp_p
     assert [(r["cell"], r["seed"]) for r in rows] == [("cpu-adamw_p8_b4", 3), ("cpu-adamw_p8_b4", 4)] and not left_out
     assert all(r["E"] == pytest.approx([0.5] * 4, abs=0.02) and r["kd"] == pytest.approx(1.0) for r in rows)
     assert seen == [["model=gpt-micro", "train.max_steps=1500", "schedule=adapipe", "heuristic=gain", "pipeline.stages=8",
-                     "pipeline.microbatches=1", "train.batch_size=4", "pipeline.profile=/profiles/p8_mb4.json"]]
+                     "pipeline.microbatches=1", "train.batch_size=4", "pipeline.profile=/profiles/p8_mb4.json",
+                     "train.stop_at_target=false"]]

@@ -341,14 +341,20 @@ def test_paths_are_free_only_where_the_checkpoint_has_fingerprints():
 
 
 def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
-    """schedule.chunks (interleaved) and gain's heuristic.delay_drift / delay_trend / prior_logit_sd are newer than
+    """schedule.chunks (interleaved) and gain's heuristic.delay_drift / delay_trend / drift_taper_kd / prior_logit_sd are newer than
     some checkpoints: leaving them at their defaults resumes, changing them is a difference; the
     relative prior spread and drift that prior_logit_sd and delay_drift replaced, held by a
     checkpoint (the drift at its default), are no difference."""
     old = {"schedule": {"name": "adapipe"}, "heuristic": {"name": "goodput"}}
     now = {"schedule": {"name": "adapipe", "chunks": 1},
-           "heuristic": {"name": "goodput", "delay_drift": 0.37, "delay_trend": 0.24, "prior_logit_sd": 1.0}}
+           "heuristic": {"name": "goodput", "delay_drift": 0.37, "delay_trend": 0.24, "drift_taper_kd": [1.35, 3.15],
+                         "prior_logit_sd": 1.0}}
     assert checkpoint.config_differences(old, now) == []
+    now["heuristic"]["drift_taper_kd"] = None  # (what a run from before the taper did: none)
+    assert checkpoint.config_differences(old, now) == []
+    now["heuristic"]["drift_taper_kd"] = [1.0, 2.0]
+    assert checkpoint.config_differences(old, now) == ["heuristic.drift_taper_kd=None in the checkpoint, [1.0, 2.0] now"]
+    now["heuristic"]["drift_taper_kd"] = [1.35, 3.15]
     now["heuristic"]["delay_trend"] = 0.0
     assert checkpoint.config_differences(old, now) == ["heuristic.delay_trend=None in the checkpoint, 0.0 now"]
     now["heuristic"]["delay_trend"] = 0.24

@@ -603,6 +603,23 @@ def test_gain_drift_grows_with_the_delay(stages, micro, optimizer, kd):
     assert heuristic("gain", start="async").drift == pytest.approx(0.25, abs=1e-3)  # the streams' d = 3/2, the default
 
 
+@pytest.mark.parametrize("stages,micro,share", [(4, 1, 1.0), (6, 1, 0.5), (8, 1, 0.0), (16, 1, 0.0), (4, 2, 1.0)])
+def test_gain_drift_and_rise_taper_off_at_a_long_delay(stages, micro, share):
+    """With AdamW (k = 0.45) the drift and the rise are delay_drift x k d and delay_trend x k d up to
+    k d = 1.35 (d = 3), none from 3.15 (d = 7) on, linear in k d between (d = 5: k d = 2.25, half);
+    drift_taper_kd=null keeps them growing."""
+    ctx = lambda: Context(stages=stages, microbatches=micro, max_steps=10_000, lookahead=LAG - 1,  # noqa: E731
+                          sync_step_time=1.0, async_step_time=0.5, extra={"optimizer": "adamw"})
+    cfg = OmegaConf.structured(HeuristicConfig)
+    cfg.name, cfg.start = "gain", "async"
+    kd = 0.45 * (stages - 1) / micro
+    h = build_heuristic(cfg, ctx())
+    assert h.drift == pytest.approx(0.37 * kd * share) and h.rise == pytest.approx(0.24 * kd * share)
+    cfg.drift_taper_kd = None
+    h = build_heuristic(cfg, ctx())
+    assert h.drift == pytest.approx(0.37 * kd) and h.rise == pytest.approx(0.24 * kd)
+
+
 @pytest.mark.parametrize("stages,micro,optimizer,e_d", [
     (4, 8, "adamw", 1 / (1 + 0.45 * 3 / 8)), (8, 8, "adamw", 1 / (1 + 0.45 * 7 / 8)),
     (4, 1, "adamw", 1 / (1 + 0.45 * 3)), (8, 1, "adamw", 1 / (1 + 0.45 * 7)), (8, 1, "muon", 1 / (1 + 0.14 * 7)),

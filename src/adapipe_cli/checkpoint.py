@@ -48,10 +48,11 @@ FREE_KEYS = {
 # (gain's prior_logit_sd and probe_se: their defaults, which only price a first probe; a resumed
 # gain run restores its belief and its next probe; gain's delay_drift: a checkpoint from before it
 # held the retired heuristic.drift, and resumes under the new drift if that was at its default,
-# :data:`RETIRED_DEFAULTS`; gain's delay_trend: a gain run from before it had none, and goes on with
-# the default trend, as with the drift): a checkpoint without the key resumes when the run leaves it there
+# :data:`RETIRED_DEFAULTS`; gain's delay_trend and drift_taper_kd: a gain run from before them had
+# none, and goes on with the default trend and taper, as with the drift): a checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
-         "heuristic.delay_drift": 0.37, "heuristic.delay_trend": 0.24, "heuristic.prior_logit_sd": 1.0,
+         "heuristic.delay_drift": 0.37, "heuristic.delay_trend": 0.24, "heuristic.drift_taper_kd": [1.35, 3.15],
+         "heuristic.prior_logit_sd": 1.0,
          "heuristic.probe_se": 0.5}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change

@@ -35,6 +35,16 @@ observation streams' d = 3/2, whose crossing needs it (tests/test_heuristics.py)
 did not shrink with the delay brought a probe of sync at 8 microbatches before the target in
 every held-out run that started in async (7 to 12% of a run at depth 8).
 
+**Up to a point**: with AdamW at d = 7 (k d = 3.15) async's efficiency stays low, 0.1-0.5, with
+little trend (between loss bands over sync's steps 20-670 of the AdamW grid's depth-8 setting,
+seeds 3-5, and on the synthetic method comparison's 8/1 cell, seeds 9-11, where async never
+reaches the target: 0.002-0.17 relative per doubling, median 0.02, 0-0.054 x k d, against
+0.42-0.48 at d = 3 on synthetic data; docs/results/drift_long/). So the
+drift and the rise grow with k d only up to ``heuristic.drift_taper_kd[0]`` (1.35, AdamW's d = 3,
+the longest delay where they were measured to grow), fall linearly to none at ``[1]`` (3.15, d = 7)
+and stay none beyond: between the two the shape is not measured. Below 1.35 nothing changes (Muon's
+k d is below it up to d = 9).
+
 **The drift has a direction**: async's efficiency rises as training goes on, in 22 of the 25
 measured runs above (the gradients' change per step, and with it what a stale gradient misses,
 shrinks as the loss flattens). Until two probes give their own trend b, the belief's mean moves up
@@ -118,6 +128,14 @@ def expected_improvement(m: float, sd: float) -> float:
     return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - m * 0.5 * math.erfc(z / math.sqrt(2))
 
 
+def taper(kd: float, span) -> float:
+    """1 up to ``span[0]``, 0 from ``span[1]`` on, linear in k d between (``span`` None: 1)."""
+    if span is None:
+        return 1.0
+    lo, hi = span
+    return min(1.0, max(0.0, (hi - kd) / (hi - lo)))
+
+
 class Gain(Prober):
     name = "gain"
 
@@ -129,8 +147,10 @@ class Gain(Prober):
         self.var = (cfg.prior_logit_sd * e_d * (1.0 - e_d)) ** 2  # (E's sd per unit of logit E's: E_d (1 - E_d))
         # the relative drift per doubling of the step: heuristic.delay_drift x k d (k d = 1 / E_d - 1),
         # and E's expected rise per doubling, heuristic.delay_trend x k d
-        self.drift = cfg.delay_drift * (1.0 / e_d - 1.0)
-        self.rise = cfg.delay_trend * (1.0 / e_d - 1.0)
+        # (both tapered off between the k d of heuristic.drift_taper_kd: gone at a long delay)
+        kd = 1.0 / e_d - 1.0
+        self.drift = cfg.delay_drift * kd * taper(kd, cfg.drift_taper_kd)
+        self.rise = cfg.delay_trend * kd * taper(kd, cfg.drift_taper_kd)
         first = self.next_probe  # the warm-up and one window (Prober's)
         self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)

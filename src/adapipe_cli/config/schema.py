@@ -148,6 +148,12 @@ class HeuristicConfig:
     # cells of E's signed slope over k d, seeds 9-11 and dev seed 3 (scripts/calibrate_drift.py: E
     # rose in 22 of 25 runs)
     delay_trend: float = 0.24
+    # gain: the k d where the drift and the rise stop growing with the delay and where they are gone
+    # (linear in k d between; null: they grow without end). Measured (scripts/calibrate_drift.py): with
+    # AdamW they grow up to d = 3 (k d = 1.35: 0.42-0.48 relative per doubling on synthetic data), and at d = 7
+    # (k d = 3.15), where async's efficiency stays low, they are 0.002-0.17, median 0.02 (the AdamW grid's
+    # depth 8, seeds 3-5, and synthetic 8/1, seeds 9-11: docs/results/drift_long)
+    drift_taper_kd: Optional[List[float]] = field(default_factory=lambda: [1.35, 3.15])
     # gain: sd of the prior's logit efficiency, logit E = log(E / (1 - E)): E's sd is prior_logit_sd x
     # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
     # the root mean square of its errors on 20 rows of the method comparison's seeds 0-5 (scripts/calibrate_prior.py)

@@ -169,6 +169,9 @@ def _check_schedule(cfg) -> None:
         _need(math.isfinite(cfg.heuristic[key]) and cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
     _need(math.isfinite(cfg.heuristic.delay_trend) and cfg.heuristic.delay_trend >= 0,
           f"heuristic.delay_trend={cfg.heuristic.delay_trend}: give a rise >= 0 (E's per doubling per unit of k d; 0: none)")
+    taper = cfg.heuristic.drift_taper_kd
+    _need(taper is None or (len(taper) == 2 and all(math.isfinite(x) for x in taper) and 0 <= taper[0] < taper[1]),
+          f"heuristic.drift_taper_kd={taper}: give [from, to], two k d values with 0 <= from < to, or null for no taper")
     w = cfg.heuristic.sync_warmup
     _need(w is None or w >= 0, f"heuristic.sync_warmup={w}: give a number of steps >= 0 (0: none), or null for the optimizer's default")
     if s.name == "adapipe" and cfg.heuristic.name == "fixed":

@@ -98,9 +98,10 @@ def cell_key(name: str) -> tuple:
     return data, optim, int(p[1:]), int(m[1:])
 
 
-def sweep_cells(folder: Path) -> list[tuple[str, tuple[float, float], dict[int, tuple[Path, Path]]]]:
+def sweep_cells(folder: Path, left_out: list[str]) -> list[tuple[str, tuple[float, float], dict[int, tuple[Path, Path]]]]:
     """[(GRID_pP_bB, (R, E_d), {seed: (sync run, async run)})] of an ``adapipe sweep`` directory's
-    settings (see the module docstring); settings without AdaPipe, sync or async runs left out."""
+    settings (see the module docstring); a setting without an AdaPipe method, a profile or a seed
+    with both runs is left out, and said so in ``left_out``."""
     from adapipe_cli.sweep.grid import merge_overrides
 
     state = json.loads((folder / "sweep.json").read_text())
@@ -114,7 +115,10 @@ def sweep_cells(folder: Path) -> list[tuple[str, tuple[float, float], dict[int, 
         pairs = {seed: (run, runs[(ASYNC, seed)]) for (method, seed), run in runs.items()
                  if method == sync and (ASYNC, seed) in runs}
         profile = state["profiles"].get(f"p{p}")
-        if adaptive is None or not pairs or profile is None:
+        why = ("no AdaPipe method in the grid" if adaptive is None else f"no seed with both {sync} and {ASYNC}"
+               if not pairs else "no profile of its depth in sweep.json" if profile is None else None)
+        if why:
+            left_out.append(f"{folder.name}/{state['name']}_{setting}: {why}")
             continue
         axes = [f"pipeline.stages={p}", f"pipeline.microbatches={m}", f"train.batch_size={batch}", f"pipeline.profile={profile}",
                 "train.stop_at_target=false"]  # (no target is set: R and E_d do not depend on it)
@@ -142,7 +146,7 @@ def measure(folders: list[Path], bands: int) -> tuple[list[dict], list[str]]:
     rows, left_out = [], []
     for folder in folders:
         sweep = (folder / "sweep.json").exists()  # an adapipe sweep directory, else a bench output folder
-        for name, (R, e_d), pairs in sweep_cells(folder) if sweep else bench_cells(folder, left_out):
+        for name, (R, e_d), pairs in sweep_cells(folder, left_out) if sweep else bench_cells(folder, left_out):
             if e_d >= 1.0:
                 left_out.append(f"{folder.name}/{name}: no delay (k d = 0)")
                 continue
@@ -160,7 +164,8 @@ def measure(folders: list[Path], bands: int) -> tuple[list[dict], list[str]]:
 
 def markdown(rows: list[dict], left_out: list[str], cmd: str) -> str:
     lines = [f"# Drift of async's efficiency over a run\n\n`{cmd}`\n",
-             "E between successive loss bands (sync-zb's steps over pipedream+predict's), its slope per doubling "
+             "E between successive loss bands (sync-zb's steps over pipedream+predict's; in a sweep directory "
+             "sync's, 1F1B's, which trains as ZB-H1), its slope per doubling "
              "of the step, relative to max(mean E, 1/R), and that over k d: the `heuristic.delay_drift` each "
              "seed implies, and with its sign the `heuristic.delay_trend`.\n",
              "| cell | seed | steps | E | slope / doubling | relative | k d | implied delay_drift | implied delay_trend |",

@@ -115,7 +115,8 @@ def test_a_sweep_directory_is_read_per_setting_with_sync_against_pipedream(tmp_p
         write_run(sweep / f"p8_b4_sync-zb_s{s}", lambda t: sync_loss(2.0 * t))  # (not read: sync is there)
         write_run(sweep / f"p8_b4_pipedream+predict_s{s}", lambda t: sync_loss(0.5 * t))
     rows, left_out = cal.measure([sweep], bands=4)
-    assert [(r["cell"], r["seed"]) for r in rows] == [("cpu-adamw_p8_b4", 3), ("cpu-adamw_p8_b4", 4)] and not left_out
+    assert [(r["cell"], r["seed"]) for r in rows] == [("cpu-adamw_p8_b4", 3), ("cpu-adamw_p8_b4", 4)]
+    assert left_out == ["grid/cpu-adamw_p4_b4: no seed with both sync and pipedream+predict"]
     assert all(r["E"] == pytest.approx([0.5] * 4, abs=0.02) and r["kd"] == pytest.approx(1.0) for r in rows)
     assert seen == [["model=gpt-micro", "train.max_steps=1500", "schedule=adapipe", "heuristic=gain", "pipeline.stages=8",
                      "pipeline.microbatches=1", "train.batch_size=4", "pipeline.profile=/profiles/p8_mb4.json",

@@ -355,6 +355,9 @@ def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
     now["heuristic"]["drift_taper_kd"] = [1.0, 2.0]
     assert checkpoint.config_differences(old, now) == ["heuristic.drift_taper_kd=None in the checkpoint, [1.0, 2.0] now"]
     now["heuristic"]["drift_taper_kd"] = [1.35, 3.15]
+    # a run that chose no taper (null, held by its checkpoint) is not a run from before the key
+    assert checkpoint.config_differences({"heuristic": {"drift_taper_kd": None}}, {"heuristic": {"drift_taper_kd": [1.35, 3.15]}}) \
+        == ["heuristic.drift_taper_kd=None in the checkpoint, [1.35, 3.15] now"]
     now["heuristic"]["delay_trend"] = 0.0
     assert checkpoint.config_differences(old, now) == ["heuristic.delay_trend=None in the checkpoint, 0.0 now"]
     now["heuristic"]["delay_trend"] = 0.24

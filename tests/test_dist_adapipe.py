@@ -54,6 +54,8 @@ def test_joined_profiles_keep_each_stages_measurement():
     assert (prof.forward, prof.backward, prof.update, prof.act_bytes) == ([1.0, 3.0], [2.0, 6.0], [0.1, 0.1], 64.0)
     assert prof.memory == {"params": [10.0, 30.0]} and prof.meta["devices"] == ["cuda:0", "cuda:1"]
     assert len(warned) == 1 and "stage 1's forward" in warned[0]  # 1.5x between its passes
+    join_profiles(parts, warn=warned.append, shared=(4, 2))  # (workers taking turns on the cores: the cause named)
+    assert len(warned) == 2 and "stage 1's forward" in warned[1] and "(the workers' 4 threads share 2 cores)" in warned[1]
 
 
 def test_joined_profile_of_workers_with_two_chunks_is_in_virtual_stage_order():

@@ -49,7 +49,8 @@ FREE_KEYS = {
 # gain run restores its belief and its next probe; gain's delay_drift: a checkpoint from before it
 # held the retired heuristic.drift, and resumes under the new drift if that was at its default,
 # :data:`RETIRED_DEFAULTS`; gain's delay_trend and drift_taper_kd: a gain run from before them had
-# none, and goes on with the default trend and taper, as with the drift): a checkpoint without the key resumes when the run leaves it there
+# none, and goes on with the default trend and taper, as with the drift, which changes its numbers
+# from there where the delay's k d exceeds 1.35; or with drift_taper_kd=null, as it ran): a checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
          "heuristic.delay_drift": 0.37, "heuristic.delay_trend": 0.24, "heuristic.drift_taper_kd": [1.35, 3.15],
          "heuristic.prior_logit_sd": 1.0,
@@ -257,21 +258,23 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
     """Keys (dotted) whose values differ between two resolved configs, except the ``free`` ones
     (:func:`free_keys` of the checkpoint's manifest)."""
     out = []
+    missing = object()  # (a key one config lacks, unlike one it holds as null)
 
     def walk(a, b, prefix):
         keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else None
         if keys is None:
-            if b is None and prefix in RETIRED_KEYS:  # (held by the checkpoint, gone now)
+            if b is missing and prefix in RETIRED_KEYS:  # (held by the checkpoint, gone now)
                 if prefix in RETIRED_DEFAULTS and a != RETIRED_DEFAULTS[prefix]:
                     out.append(f"{prefix}={a!r} in the checkpoint, a key retired since: {RETIRED_KEYS[prefix]}")
                 return
-            if a is None and prefix in SINCE and b == SINCE[prefix]:
+            if a is missing and prefix in SINCE and b == SINCE[prefix]:
                 return
+            a, b = (None if x is missing else x for x in (a, b))
             if a != b and prefix not in free:
                 out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")
             return
         for k in sorted(keys):
-            walk(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+            walk(a.get(k, missing), b.get(k, missing), f"{prefix}.{k}" if prefix else k)
 
     walk(saved, current, "")
     return out

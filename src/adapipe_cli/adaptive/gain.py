@@ -35,10 +35,10 @@ observation streams' d = 3/2, whose crossing needs it (tests/test_heuristics.py)
 did not shrink with the delay brought a probe of sync at 8 microbatches before the target in
 every held-out run that started in async (7 to 12% of a run at depth 8).
 
-**Up to a point**: with AdamW at d = 7 (k d = 3.15) async's efficiency stays low, 0.1-0.5, with
-little trend (between loss bands over sync's steps 20-670 of the AdamW grid's depth-8 setting,
-seeds 3-5, and on the synthetic method comparison's 8/1 cell, seeds 9-11, where async never
-reaches the target: 0.002-0.17 relative per doubling, median 0.02, 0-0.054 x k d, against
+**Up to a point**: with AdamW at d = 7 (k d = 3.15) async's efficiency stays low with little
+trend: 0.1-0.5 between loss bands over sync's steps 20-670 of the AdamW grid's depth-8 setting
+(seeds 3-5), 0.03-0.08 on the synthetic method comparison's 8/1 cell (seeds 9-11, where async
+never reaches the target); 0.002-0.17 relative per doubling, median 0.02, 0-0.054 x k d, against
 0.42-0.48 at d = 3 on synthetic data; docs/results/drift_long/). So the
 drift and the rise grow with k d only up to ``heuristic.drift_taper_kd[0]`` (1.35, AdamW's d = 3,
 the longest delay where they were measured to grow), fall linearly to none at ``[1]`` (3.15, d = 7)
@@ -133,7 +133,7 @@ def taper(kd: float, span) -> float:
     if span is None:
         return 1.0
     lo, hi = span
-    return min(1.0, max(0.0, (hi - kd) / (hi - lo)))
+    return 1.0 if kd <= lo else 0.0 if kd >= hi else (hi - kd) / (hi - lo)
 
 
 class Gain(Prober):

@@ -227,7 +227,7 @@ class DistRuntime:
         else:
             self.board = Board("127.0.0.1", 0, "adapipe", server=True)
             local, per_node = list(range(self.n)), self.n
-        threads = cfg.pipeline.threads or max(1, (os.cpu_count() or 1) // per_node)
+        threads = cfg.pipeline.threads or max(1, usable_cores() // per_node)
         self.shared = shared_cores(per_node, threads, self.backend, usable_cores())
         if self.shared:
             print(f"adapipe: warning: {per_node} workers x {threads} thread{'s' if threads > 1 else ''} share "

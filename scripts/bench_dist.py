@@ -55,6 +55,7 @@ import torch.distributed as dist  # noqa: E402
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
 from adapipe_cli.model.build import make_stages, model_config  # noqa: E402
 from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
+from adapipe_cli.runtime.device import usable_cores  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import schedule_choice, virtual_stages  # noqa: E402
@@ -314,7 +315,7 @@ def main() -> None:
     if args.set:
         header += "; " + " ".join(args.set)
     replicas, rsched = [r for r in args.replicas if r > 1], args.replica_schedules if args.replicas else []
-    cores = os.cpu_count() or 1
+    cores = usable_cores()  # (as the runtime counts them for its warning)
     if cores < max(depths):  # (torch's ranks share them alike: the ratio stays fair, measured/simulated not)
         header += (f"; only {cores} cores for up to {max(depths)} workers: they share them, in adapipe's runs "
                    f"and torch's alike, the simulator gives each its own device")

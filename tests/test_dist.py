@@ -18,7 +18,8 @@ from adapipe_cli.config import ConfigError
 from adapipe_cli import checkpoint
 from adapipe_cli.runtime.action_times import warm_steps
 from adapipe_cli.simulator.clock import CostProfile
-from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part, usable_cores
+from adapipe_cli.runtime.device import usable_cores
+from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
 from adapipe_cli.runtime.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram

@@ -149,8 +149,8 @@ class Gain(Prober):
         # and E's expected rise per doubling, heuristic.delay_trend x k d
         # (both tapered off between the k d of heuristic.drift_taper_kd: gone at a long delay)
         kd = 1.0 / e_d - 1.0
-        self.drift = cfg.delay_drift * kd * taper(kd, cfg.drift_taper_kd)
-        self.rise = cfg.delay_trend * kd * taper(kd, cfg.drift_taper_kd)
+        share = taper(kd, cfg.drift_taper_kd)
+        self.drift, self.rise = cfg.delay_drift * kd * share, cfg.delay_trend * kd * share
         first = self.next_probe  # the warm-up and one window (Prober's)
         self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)

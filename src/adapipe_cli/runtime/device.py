@@ -11,6 +11,7 @@ exactly those of a run without this option.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 
@@ -18,6 +19,13 @@ import torch
 
 PRECISIONS = ("fp32", "bf16")
 _DEVICE = re.compile(r"^(cpu|auto|cuda(:\d+)?)$")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, else the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 class DeviceError(ValueError):

@@ -55,6 +55,7 @@ from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, allreduce_
 from ..simulator.replay import Replay
 from ..schedules.choice import chunks
 from .base import RunSpec, StepResult, global_norm, stage_lrs
+from .device import usable_cores
 from .dist_transport import Board
 from .driver_link import verdict_value
 from .errors import TrainingDiverged, WorkerFailed
@@ -82,14 +83,6 @@ def worker_context():
     ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.launch",
                                 "adapipe_cli.data"])
     return ctx
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity, else the machine's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # (no affinity call on this platform)
-        return os.cpu_count() or 1
 
 
 def shared_cores(workers: int, threads: int, backend: str, cores: int) -> tuple[int, int] | None:
@@ -227,8 +220,9 @@ class DistRuntime:
         else:
             self.board = Board("127.0.0.1", 0, "adapipe", server=True)
             local, per_node = list(range(self.n)), self.n
-        threads = cfg.pipeline.threads or max(1, usable_cores() // per_node)
-        self.shared = shared_cores(per_node, threads, self.backend, usable_cores())
+        cores = usable_cores()
+        threads = cfg.pipeline.threads or max(1, cores // per_node)
+        self.shared = shared_cores(per_node, threads, self.backend, cores)
         if self.shared:
             print(f"adapipe: warning: {per_node} workers x {threads} thread{'s' if threads > 1 else ''} share "
                   f"{self.shared[1]} cores: each computes part of the time, so the step times are not those of a "

@@ -10,7 +10,6 @@ clock and one target.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,9 +123,11 @@ class Grid:
     @property
     def jobs(self) -> int:
         """Cells run at once: sweep.jobs, else the cores this process may use."""
+        from ..runtime.device import usable_cores  # (torch: only when the default is asked for)
+
         if self.cfg.jobs is not None:
             return int(self.cfg.jobs)
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return usable_cores()
 
     @property
     def selected(self) -> list[str]:

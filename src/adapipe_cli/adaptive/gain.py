@@ -210,20 +210,31 @@ class Gain(Prober):
                                 self.step_times(window, steady=False))
         return at - step
 
-    def trend(self) -> tuple[float, float]:
-        """Slope of G over steps from the last four probes and its variance (weighted least squares;
-        (0, 0) before two probes)."""
+    def trend_prior_sd(self, now: int, scale: float) -> float:
+        """The sd of the prior on the trend's slope (G per step): the unseen drift per doubling,
+        ``drift x scale``, as a slope over the doubling from step ``now`` (``scale`` = max(|G|, 1))."""
+        return self.drift * scale / max(now, 1)
+
+    def trend(self, now: int, scale: float) -> tuple[float, float]:
+        """Slope of G over steps from the last four probes and its variance: weighted least squares
+        with a normal prior on the slope, mean 0 and sd :meth:`trend_prior_sd`; (0, 0) before two
+        probes or without a drift. The drift is the measured spread of E's slope per doubling over
+        runs (``scripts/calibrate_drift.py``), so it is the slope's prior: probes as noisy as the
+        belief (a flat stretch of the loss) leave the slope near 0 with the drift's spread, instead of
+        a steep slope from two noisy points whose variance, extrapolated over the steps to come, made
+        every later probe look worth its cost (the AdamW grid's depth 4: a probe of sync every 100
+        to 300 steps to the end, each with a standard error of 0.8 to 60 in E)."""
         pts = self.probes[-4:]
-        if len(pts) < 2:
+        sd_prior = self.trend_prior_sd(now, scale)
+        if len(pts) < 2 or sd_prior <= 0:
             return 0.0, 0.0
         w = [1.0 / max(se, 1e-6) ** 2 for _, _, se in pts]
         sw = sum(w)
         xm = sum(wi * s for wi, (s, _, _) in zip(w, pts)) / sw
         ym = sum(wi * g for wi, (_, g, _) in zip(w, pts)) / sw
         sxx = sum(wi * (s - xm) ** 2 for wi, (s, _, _) in zip(w, pts))
-        if sxx <= 0:
-            return 0.0, 0.0
-        return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / sxx, 1.0 / sxx
+        precision = sxx + 1.0 / sd_prior ** 2
+        return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / precision, 1.0 / precision
 
     def worth_probing(self, now: int, earliest: int, g: float, se: float, R: float, current: str,
                       times: dict[str, float]) -> int:
@@ -232,7 +243,10 @@ class Gain(Prober):
         ctx, c = self.ctx, self.cfg
         times = times or {SYNC: ctx.sync_step_time or 1.0, ASYNC: ctx.async_step_time or 1.0}
         probed = other(current)
-        b, var_b = self.trend()
+        b, var_b = self.trend(now, max(abs(g), 1.0))
+        # the drift's share that the trend's prior holds: what the probes learnt of the slope is no
+        # longer unseen (with nothing learnt, var_b is the prior's and sd2 is as without a trend)
+        prior_b = self.trend_prior_sd(now, max(abs(g), 1.0)) if var_b > 0 else 0.0
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
         # the probe's leg loses only where the probed phase is believed worse (a current phase kept
@@ -253,7 +267,7 @@ class Gain(Prober):
             up = max(0.0, min(rise * max(abs(g), 1.0) * doublings, R - g))  # up to E = 1 (G = R)
             m = sign * (g + b * dt + up - 1.0)
             unseen = self.drift * max(abs(g), 1.0) * doublings
-            sd2 = se * se + var_b * dt * dt + unseen * unseen
+            sd2 = se * se + var_b * dt * dt + max(0.0, unseen * unseen - (prior_b * dt) ** 2)
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)
             sd = sd2 / math.sqrt(sd2 + noise * noise) if sd2 > 0 else 0.0

@@ -839,3 +839,50 @@ def test_a_heuristic_restored_inside_a_tentative_probe_still_settles_it(name):
         if d.undo is not None:
             break
     assert d.undo == h.probe_start and not h.tentative and not twin.tentative
+
+
+def test_gain_trend_has_the_drift_as_its_prior():
+    """The slope of G over the last probes is a weighted least-squares fit with a normal prior on
+    it, mean 0 and sd drift x max(|G|, 1) / step (written out by hand): probes far more precise
+    than the prior recover their own slope; a useless probe beside a good one leaves the slope near
+    0 with the prior's spread (before: the slope of the two points, its variance unbounded)."""
+    h = heuristic("gain", start="async")  # d = 3/2 (AdamW's k): drift 0.37 x 0.675
+    drift = 0.37 * 0.675
+    assert h.drift == pytest.approx(drift)
+    assert h.trend(200, 1.0) == (0.0, 0.0)  # before two probes
+    # by hand: x = steps, y = G, w = 1/se^2; prior precision 1 / (drift x 1.2 / 200)^2
+    pts = [(100, 1.4, 0.02), (200, 1.2, 0.02)]
+    h.probes = list(pts)
+    w = [1 / se ** 2 for *_, se in pts]
+    xm = sum(wi * x for wi, (x, _, _) in zip(w, pts)) / sum(w)
+    ym = sum(wi * y for wi, (_, y, _) in zip(w, pts)) / sum(w)
+    sxx = sum(wi * (x - xm) ** 2 for wi, (x, _, _) in zip(w, pts))
+    sxy = sum(wi * (x - xm) * (y - ym) for wi, (x, y, _) in zip(w, pts))
+    prec = sxx + (200 / (drift * 1.2)) ** 2
+    b, var_b = h.trend(200, 1.2)
+    assert b == pytest.approx(sxy / prec) and var_b == pytest.approx(1 / prec)
+    assert b == pytest.approx(-0.002, rel=0.05)  # precise probes: nearly their own slope
+    # a good probe and a useless one (the AdamW grid's depth 4, seed 0: E = -4061 +- 1813 at R = 1.92)
+    h.probes = [(399, 1.948, 0.858), (493, -7787.0, 3477.0)]
+    b, var_b = h.trend(493, 1.27)
+    prior_sd = drift * 1.27 / 493
+    assert abs(b) < 0.01 * prior_sd and var_b == pytest.approx(prior_sd ** 2, rel=1e-3)
+    # without a drift (a long delay, tapered) there is no trend
+    h.drift = 0.0
+    assert h.trend(493, 1.27) == (0.0, 0.0)
+
+
+def test_gain_a_useless_probe_does_not_bring_the_next_one_forward():
+    """From async believed ahead (G = 1.27 +- 0.2 at R = 1.92), a second probe whose estimate is
+    useless (se 3477, as in the AdamW grid's depth 4) changes neither the slope nor the spread
+    beyond the drift, so the next probe comes no sooner than after the first probe alone (before
+    the slope's prior: at once, 30 steps on, against 910 after the first probe alone)."""
+    def next_after(probes):
+        h = heuristic("gain", start="async")
+        h.probes = list(probes)
+        return h.worth_probing(493, 523, 1.27, 0.2, 1.92, "async", {"sync": 1.0, "async": 0.52})
+
+    one = [(399, 1.948, 0.858)]
+    alone = next_after(one)
+    assert alone > 523
+    assert next_after(one + [(493, -7787.0, 3477.0)]) >= alone

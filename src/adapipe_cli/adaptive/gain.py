@@ -11,15 +11,26 @@ heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
     mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps
               + tau max(G_s, 1) log2(t / s)    tau: E's expected rise (before two probes; then 0),
                                                up to E = 1 (G = R)
-    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + (delta max(G_s, 1) log2(t / s))^2
+    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + max(0, (delta max(G_s, 1) log2(t / s))^2 - (sigma_b (t - s))^2)
 
-``se_s`` the standard error of the smoothed estimate, ``delta`` the relative drift that no trend
-shows, per doubling of the step: training changes as much between steps 100 and 200 as between
-1000 and 2000, so without news the belief widens with log-time and the probes of a dominated phase
-come at about geometric intervals. The drift is relative to G or to break-even, whichever is
-larger: relative to G alone, an async phase found far behind early (G = 0.3, as AdamW's stale
-gradients at the start of training) could never drift back to 1 and would not be probed again,
-however much its efficiency rose.
+``se_s`` the standard error of the smoothed estimate, ``delta`` the relative drift per doubling
+of the step: training changes as much between steps 100 and 200 as between 1000 and 2000, so
+without news the belief widens with log-time and the probes of a dominated phase come at about
+geometric intervals. The drift is relative to G or to break-even, whichever is larger: relative
+to G alone, an async phase found far behind early (G = 0.3, as AdamW's stale gradients at the
+start of training) could never drift back to 1 and would not be probed again, however much its
+efficiency rose.
+
+**The trend b has the drift as its prior** (since 2026-12-04): b is the weighted least-squares
+slope of the last four probes' G (weights 1 / se^2) with a normal prior, mean 0 and sd
+``sigma_b = delta max(G_s, 1) / s`` (the drift per doubling as a slope from step s; the drift was
+measured as the spread of E's slope per doubling over runs), and se_b^2 its posterior variance.
+Probes as noisy as the belief leave b near 0 and se_b at sigma_b, so sd(t) is the drift's as
+without a trend (the prior's share sigma_b (t - s) is taken out of the drift term, which holds
+it); precise probes set their own slope, and what they pin down of it is no longer unseen. Before
+it, two probes of which one was useless (a flat stretch of the loss: a standard error of 0.8 to 60
+in E in the AdamW grid's depth 4) gave a steep slope with an unbounded variance, which priced a
+probe of sync every 100 to 300 steps to the end of the run.
 
 **The drift grows with the delay**: ``delta = heuristic.delay_drift x k d``, k d = 1 / E_d - 1 the
 delay's sensitivity (E_d below). Measured (``scripts/calibrate_drift.py``, docs/results/drift/: E

@@ -28,9 +28,9 @@ measured as the spread of E's slope per doubling over runs), and se_b^2 its post
 Probes as noisy as the belief leave b near 0 and se_b at sigma_b, so sd(t) is the drift's as
 without a trend (the prior's share sigma_b (t - s) is taken out of the drift term, which holds
 it); precise probes set their own slope, and what they pin down of it is no longer unseen. Before
-it, two probes of which one was useless (a flat stretch of the loss: a standard error of 0.8 to 60
-in E in the AdamW grid's depth 4) gave a steep slope with an unbounded variance, which priced a
-probe of sync every 100 to 300 steps to the end of the run.
+it, two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of 0.45
+to 1813, median 2.2, against a belief's spread of 0.25) gave a steep slope with an unbounded
+variance, which priced a probe of sync every 100 to 300 steps to the end of the run.
 
 **The drift grows with the delay**: ``delta = heuristic.delay_drift x k d``, k d = 1 / E_d - 1 the
 delay's sensitivity (E_d below). Measured (``scripts/calibrate_drift.py``, docs/results/drift/: E
@@ -234,7 +234,7 @@ class Gain(Prober):
         belief (a flat stretch of the loss) leave the slope near 0 with the drift's spread, instead of
         a steep slope from two noisy points whose variance, extrapolated over the steps to come, made
         every later probe look worth its cost (the AdamW grid's depth 4: a probe of sync every 100
-        to 300 steps to the end, each with a standard error of 0.8 to 60 in E)."""
+        to 300 steps to the end, each with a standard error of 0.45 to 1813 in E)."""
         pts = self.probes[-4:]
         sd_prior = self.trend_prior_sd(now, scale)
         if len(pts) < 2 or sd_prior <= 0:

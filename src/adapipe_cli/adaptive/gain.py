@@ -258,6 +258,7 @@ class Gain(Prober):
         # the drift's share that the trend's prior holds: what the probes learnt of the slope is no
         # longer unseen (with nothing learnt, var_b is the prior's and sd2 is as without a trend)
         prior_b = self.trend_prior_sd(now, max(abs(g), 1.0)) if var_b > 0 else 0.0
+        share = var_b / prior_b ** 2 if prior_b > 0 else 1.0
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
         # the probe's leg loses only where the probed phase is believed worse (a current phase kept
@@ -278,7 +279,7 @@ class Gain(Prober):
             up = max(0.0, min(rise * max(abs(g), 1.0) * doublings, R - g))  # up to E = 1 (G = R)
             m = sign * (g + b * dt + up - 1.0)
             unseen = self.drift * max(abs(g), 1.0) * doublings
-            sd2 = se * se + var_b * dt * dt + max(0.0, unseen * unseen - (prior_b * dt) ** 2)
+            sd2 = se * se + share * unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)
             sd = sd2 / math.sqrt(sd2 + noise * noise) if sd2 > 0 else 0.0

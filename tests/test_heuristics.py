@@ -843,25 +843,25 @@ def test_a_heuristic_restored_inside_a_tentative_probe_still_settles_it(name):
 
 def test_gain_trend_has_the_drift_as_its_prior():
     """The slope of G over the last probes is a weighted least-squares fit with a normal prior on
-    it, mean 0 and sd drift x max(|G|, 1) / step (written out by hand): probes far more precise
-    than the prior recover their own slope; a useless probe beside a good one leaves the slope near
-    0 with the prior's spread (before: the slope of the two points, its variance unbounded)."""
+    it, mean 0 and sd drift x max(|G|, 1) / step: for two probes, in closed form, the data's slope
+    dy / dx weighed by sxx = w1 w2 / (w1 + w2) dx^2 against the prior's precision. Probes far more
+    precise than the prior recover their own slope; a useless probe beside a good one leaves the
+    slope near 0 with the prior's spread (before: the slope of the two points, its variance
+    unbounded)."""
     h = heuristic("gain", start="async")  # d = 3/2 (AdamW's k): drift 0.37 x 0.675
     drift = 0.37 * 0.675
     assert h.drift == pytest.approx(drift)
     assert h.trend(200, 1.0) == (0.0, 0.0)  # before two probes
-    # by hand: x = steps, y = G, w = 1/se^2; prior precision 1 / (drift x 1.2 / 200)^2
-    pts = [(100, 1.4, 0.02), (200, 1.2, 0.02)]
-    h.probes = list(pts)
-    w = [1 / se ** 2 for *_, se in pts]
-    xm = sum(wi * x for wi, (x, _, _) in zip(w, pts)) / sum(w)
-    ym = sum(wi * y for wi, (_, y, _) in zip(w, pts)) / sum(w)
-    sxx = sum(wi * (x - xm) ** 2 for wi, (x, _, _) in zip(w, pts))
-    sxy = sum(wi * (x - xm) * (y - ym) for wi, (x, y, _) in zip(w, pts))
-    prec = sxx + (200 / (drift * 1.2)) ** 2
-    b, var_b = h.trend(200, 1.2)
-    assert b == pytest.approx(sxy / prec) and var_b == pytest.approx(1 / prec)
-    assert b == pytest.approx(-0.002, rel=0.05)  # precise probes: nearly their own slope
+    for se, shrunk in ((0.02, False), (0.2, True)):
+        h.probes = [(100, 1.4, se), (200, 1.2, se)]
+        w = 1 / se ** 2
+        sxx = w * w / (2 * w) * 100 ** 2
+        prior_precision = (200 / (drift * 1.2)) ** 2
+        b, var_b = h.trend(200, 1.2)
+        assert b == pytest.approx(-0.002 * sxx / (sxx + prior_precision))
+        assert var_b == pytest.approx(1 / (sxx + prior_precision))
+        # precise probes keep most of their slope; probes ten times noisier lose most of it
+        assert (abs(b) < 0.001) == shrunk
     # a good probe and a useless one (the AdamW grid's depth 4, seed 0: E = -4061 +- 1813 at R = 1.92)
     h.probes = [(399, 1.948, 0.858), (493, -7787.0, 3477.0)]
     b, var_b = h.trend(493, 1.27)
@@ -873,16 +873,18 @@ def test_gain_trend_has_the_drift_as_its_prior():
 
 
 def test_gain_a_useless_probe_does_not_bring_the_next_one_forward():
-    """From async believed ahead (G = 1.27 +- 0.2 at R = 1.92), a second probe whose estimate is
-    useless (se 3477, as in the AdamW grid's depth 4) changes neither the slope nor the spread
-    beyond the drift, so the next probe comes no sooner than after the first probe alone (before
-    the slope's prior: at once, 30 steps on, against 910 after the first probe alone)."""
+    """From async believed ahead (G = 1.27 +- 0.2 at R = 1.92, no expected rise), a useless probe
+    (se 3477, as in the AdamW grid's depth 4) before a good one changes neither the belief's mean
+    nor its spread: the next probe comes when it would after the good probe alone (step 953;
+    before the slope's prior, at once: 523). After a useless probe the next one is priced as noisy
+    as it, so it is never worth its cost (before the prior: 30 steps on, 553)."""
     def next_after(probes):
-        h = heuristic("gain", start="async")
+        h = heuristic("gain", start="async", delay_trend=0.0)
         h.probes = list(probes)
         return h.worth_probing(493, 523, 1.27, 0.2, 1.92, "async", {"sync": 1.0, "async": 0.52})
 
-    one = [(399, 1.948, 0.858)]
-    alone = next_after(one)
+    good, useless = (399, 1.948, 0.858), (300, -7787.0, 3477.0)
+    alone = next_after([good])
     assert alone > 523
-    assert next_after(one + [(493, -7787.0, 3477.0)]) >= alone
+    assert next_after([useless, good]) == alone
+    assert next_after([good, useless]) == 10_000  # max_steps: no more probes

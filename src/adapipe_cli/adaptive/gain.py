@@ -9,9 +9,10 @@ async G. Running the worse phase for a time T loses ``|G - 1| T``. After a verdi
 heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
 
     mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps
-              + tau max(G_s, 1) log2(t / s)    tau: E's expected rise (before two probes; then 0),
+              + tau max(|G_s|, 1) log2(t / s)  tau: E's expected rise (before two probes; then 0),
                                                up to E = 1 (G = R)
-    sd(t)^2 = se_s^2 + se_b^2 (t - s)^2 + max(0, (delta max(G_s, 1) log2(t / s))^2 - (sigma_b (t - s))^2)
+    sd(t)^2 = se_s^2 + u (delta max(|G_s|, 1) log2(t / s))^2
+                                               u: the share of the trend not pinned down (below)
 
 ``se_s`` the standard error of the smoothed estimate, ``delta`` the relative drift per doubling
 of the step: training changes as much between steps 100 and 200 as between 1000 and 2000, so
@@ -23,13 +24,15 @@ efficiency rose.
 
 **The trend b has the drift as its prior** (since 2026-12-04): b is the weighted least-squares
 slope of the last four probes' G (weights 1 / se^2) with a normal prior, mean 0 and sd
-``sigma_b = delta max(G_s, 1) / s`` (the drift per doubling as a slope from step s; the drift was
-measured as the spread of E's slope per doubling over runs), and se_b^2 its posterior variance.
-Probes as noisy as the belief leave b near 0 and se_b at sigma_b, so sd(t) is the drift's as
-without a trend (the prior's share sigma_b (t - s) is taken out of the drift term, which holds
-it); precise probes set their own slope, and what they pin down of it is no longer unseen. Before
-it, two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of 0.45
-to 1813, median 2.2, against a belief's spread of 0.25) gave a steep slope with an unbounded
+``sigma_b = delta max(|G_s|, 1) / s`` (the drift per doubling as a slope from step s; the drift
+was measured as the spread of E's slope per doubling over runs), se_b^2 its posterior variance,
+and ``u = se_b^2 / sigma_b^2`` the share of the prior's variance the probes left (1 before two
+probes, or without a drift, where b = 0). Probes as noisy as the belief leave b near 0 and u near
+1: the belief widens by the drift, exactly as without a trend; precise probes set their own slope
+and u near 0: what they pinned down is no longer unseen drift. sd(t) grows with t either way.
+Before it, b was the plain weighted slope and sd(t)^2 held se_b^2 (t - s)^2 beside the whole
+drift: two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of
+0.45 to 1813, median 2.2, against a belief's spread of 0.25) gave a steep slope with an unbounded
 variance, which priced a probe of sync every 100 to 300 steps to the end of the run.
 
 **The drift grows with the delay**: ``delta = heuristic.delay_drift x k d``, k d = 1 / E_d - 1 the
@@ -54,7 +57,8 @@ never reaches the target); 0.002-0.17 relative per doubling, median 0.02, 0-0.05
 drift and the rise grow with k d only up to ``heuristic.drift_taper_kd[0]`` (1.35, AdamW's d = 3,
 the longest delay where they were measured to grow), fall linearly to none at ``[1]`` (3.15, d = 7)
 and stay none beyond: between the two the shape is not measured. Below 1.35 nothing changes (Muon's
-k d is below it up to d = 9).
+k d is below it up to d = 9). Without a drift the trend's prior has no spread, so from 3.15 on the
+probes' slope is not used either (b = 0).
 
 **The drift has a direction**: async's efficiency rises as training goes on, in 22 of the 25
 measured runs above (the gradients' change per step, and with it what a stale gradient misses,
@@ -255,8 +259,8 @@ class Gain(Prober):
         times = times or {SYNC: ctx.sync_step_time or 1.0, ASYNC: ctx.async_step_time or 1.0}
         probed = other(current)
         b, var_b = self.trend(now, max(abs(g), 1.0))
-        # the drift's share that the trend's prior holds: what the probes learnt of the slope is no
-        # longer unseen (with nothing learnt, var_b is the prior's and sd2 is as without a trend)
+        # the share of the trend's prior variance the probes left (1: nothing learnt, as before two
+        # probes): that much of the drift is still unseen; what they pinned down is b's
         prior_b = self.trend_prior_sd(now, max(abs(g), 1.0)) if var_b > 0 else 0.0
         share = var_b / prior_b ** 2 if prior_b > 0 else 1.0
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better

@@ -50,7 +50,8 @@ FREE_KEYS = {
 # held the retired heuristic.drift, and resumes under the new drift if that was at its default,
 # :data:`RETIRED_DEFAULTS`; gain's delay_trend and drift_taper_kd: a gain run from before them had
 # none, and goes on with the default trend and taper, as with the drift, which changes its numbers
-# from there where the delay's k d exceeds 1.35; or with drift_taper_kd=null, as it ran): a checkpoint without the key resumes when the run leaves it there
+# from there where the delay's k d exceeds 1.35; or with drift_taper_kd=null, as it ran): a
+# checkpoint without the key resumes when the run leaves it there
 SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_latency_s": 0.0, "schedule.chunks": 1,
          "heuristic.delay_drift": 0.37, "heuristic.delay_trend": 0.24, "heuristic.drift_taper_kd": [1.35, 3.15],
          "heuristic.prior_logit_sd": 1.0,

@@ -258,11 +258,11 @@ class Gain(Prober):
         ctx, c = self.ctx, self.cfg
         times = times or {SYNC: ctx.sync_step_time or 1.0, ASYNC: ctx.async_step_time or 1.0}
         probed = other(current)
-        b, var_b = self.trend(now, max(abs(g), 1.0))
+        scale = max(abs(g), 1.0)  # (relative to G or to break-even: see below)
+        b, var_b = self.trend(now, scale)
         # the share of the trend's prior variance the probes left (1: nothing learnt, as before two
         # probes): that much of the drift is still unseen; what they pinned down is b's
-        prior_b = self.trend_prior_sd(now, max(abs(g), 1.0)) if var_b > 0 else 0.0
-        share = var_b / prior_b ** 2 if prior_b > 0 else 1.0
+        share = var_b / self.trend_prior_sd(now, scale) ** 2 if var_b > 0 else 1.0
         sign = 1.0 if current == ASYNC else -1.0  # m > 0: the current phase is believed better
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
         # the probe's leg loses only where the probed phase is believed worse (a current phase kept
@@ -280,9 +280,9 @@ class Gain(Prober):
             # scale-free: as much per doubling of the step, relative to G or to break-even (1),
             # whichever is larger: a phase far behind can still come back
             doublings = math.log2(t / max(now, 1))
-            up = max(0.0, min(rise * max(abs(g), 1.0) * doublings, R - g))  # up to E = 1 (G = R)
+            up = max(0.0, min(rise * scale * doublings, R - g))  # up to E = 1 (G = R)
             m = sign * (g + b * dt + up - 1.0)
-            unseen = self.drift * max(abs(g), 1.0) * doublings
+            unseen = self.drift * scale * doublings
             sd2 = se * se + share * unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)

@@ -358,3 +358,35 @@ def test_state_round_trip_continues_exactly(weights, mitigation):
         b.load_state_dict(state)
         tail = [b.run_step(t).loss for t in range(cut + 1, len(phases))]
         assert head + tail == whole
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_call_with_is_functional_call_and_puts_the_parameters_back(tie):
+    """The executor computes with a stashed or predicted version by swapping it into the module's
+    parameter slots: the same output and gradients as ``torch.func.functional_call`` (which ties
+    a parameter registered twice, as one stage holding both tied embeddings does), and the
+    module's own parameters back in place afterwards, also when the forward raises."""
+    from dataclasses import replace
+
+    from adapipe_cli.runtime.stage import call_with, param_slots
+
+    model = build_full_model(replace(GCFG, tie_embeddings=tie), seed=0)
+    named = list(model.named_parameters())
+    params = [p for _, p in named]
+    weights = [(p.detach() + 0.01 * torch.randn_like(p)).requires_grad_(True) for p in params]
+    x = make_data(1)[0][0][:2]
+    slots = param_slots(model, params)
+    assert len(slots) == len(params) + (1 if tie else 0)
+    out = call_with(model, slots, weights, x)
+    ref = functional_call(model, {n: w for (n, _), w in zip(named, weights)}, (x,))
+    assert torch.equal(out, ref)
+    grads = torch.autograd.grad(out.square().mean(), weights)
+    ref_grads = torch.autograd.grad(ref.square().mean(), weights)
+    assert all(torch.equal(a, b) for a, b in zip(grads, ref_grads))
+    assert all(a is b for a, b in zip((p for _, p in model.named_parameters()), params))
+    assert all(p.grad is None for p in params)
+    assert not torch.equal(model(x), out)  # (the live weights again)
+    with pytest.raises(RuntimeError):
+        call_with(model, slots, weights, x.float())  # (an embedding needs integer tokens)
+    assert all(a is b for a, b in zip((p for _, p in model.named_parameters(remove_duplicate=False)),
+                                      (params[i] for _, _, i in slots)))

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
-from torch.func import functional_call
 
 from ..model import GPTStage, lm_loss
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
@@ -70,6 +69,34 @@ class StepStats:
     clip_norm: float = float("nan")  # the global norm the update was clipped by (exact or estimated)
     lr: float = float("nan")  # the schedule's learning rate of the update (same at every stage)
     lr_stage: float = float("nan")  # this stage's own, after PipeMare rescheduling
+
+
+def param_slots(module: torch.nn.Module, params: list[torch.Tensor]) -> list[tuple[dict, str, int]]:
+    """Where each of ``params`` sits in ``module``: (the owning submodule's ``_parameters``, the
+    name there, the index in ``params``), one entry per place a parameter is registered (a
+    parameter registered twice, tied embeddings in one stage, has two)."""
+    index = {id(p): i for i, p in enumerate(params)}
+    slots = []
+    for name, p in module.named_parameters(remove_duplicate=False):
+        owner, _, leaf = name.rpartition(".")
+        slots.append((module.get_submodule(owner)._parameters, leaf, index[id(p)]))
+    return slots
+
+
+def call_with(module: torch.nn.Module, slots: list[tuple[dict, str, int]], weights: list[torch.Tensor],
+              x: torch.Tensor) -> torch.Tensor:
+    """``module(x)`` computed with ``weights`` (in ``params``' order, :func:`param_slots`) in place
+    of its parameters, which are put back after. What ``torch.func.functional_call`` does, without
+    its per-call bookkeeping: 0.2 ms (7%) of a gpt-nano stage's 3 ms forward on one CPU thread, paid
+    by every forward and recompute with a stashed or predicted version."""
+    saved = [table[name] for table, name, _ in slots]
+    try:
+        for table, name, i in slots:
+            table[name] = weights[i]
+        return module(x)
+    finally:
+        for (table, name, _), p in zip(slots, saved):
+            table[name] = p
 
 
 def to_device(obj, device: torch.device):
@@ -124,6 +151,7 @@ class StageExecutor:
         named = list(module.named_parameters())
         self.names = [n for n, _ in named]
         self.params = [p for _, p in named]
+        self.slots = param_slots(module, self.params)
         self.tied_index = self._tied_index() if self.tied else -1
         if not program.spec.barrier and (grad_clip > 0 or self.tied):
             raise ValueError("a sync update without a barrier can neither clip by the global norm nor sum tied embeddings")
@@ -274,7 +302,7 @@ class StageExecutor:
         with autocast(x.device, self.precision):
             if weights is None:
                 return self.module(x)
-            return functional_call(self.module, dict(zip(self.names, weights)), (x,), tie_weights=False)
+            return call_with(self.module, self.slots, weights, x)
 
     @staticmethod
     def _loss(out: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,9 +91,13 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, m
     assert {"F", "U"} <= {k for _, k in rows} <= {"F", "B", "I", "W", "U"} and {s for s, _ in rows} == set(range(n))
     assert all(r["run_s"] > 0 and r["cpu_s"] > 0 and r["profiled_s"] > 0 for r in rows.values())
     costs = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "U": "update"}
-    for (s, k), r in rows.items():  # the charge: the kind's cost and the extra work the ledger counted, at the profile's costs
+    held = prof["held"]  # (measured by the workers: the in-flight factors at 1, 4 and 8 microbatches)
+    assert held["depths"] == [1, 4, 8] and len(held["forward"]) == len(held["backward"]) == n
+    for (s, k), r in rows.items():  # the charge: the kind's cost at the actions' mean in-flight count, and the extra work the ledger counted, at the profile's costs
         extra = sum(r.get(w, 0) * prof["forward" if w == "recompute" else w][s] for w in ("copy", "predict", "recompute", "accumulate", "data"))
-        assert r["profiled_s"] == pytest.approx(prof[costs[k]][s] + extra)
+        factor = 1.0 if k == "U" else float(np.interp(r["held"], held["depths"], held["forward" if k == "F" else "backward"][s]))
+        assert (k == "U") == ("held" not in r) and (r.get("held", 1) >= 1)
+        assert r["profiled_s"] == pytest.approx(prof[costs[k]][s] * factor + extra)
     for s in range(n):  # every backward (or W) but a step's first accumulates; the end stages make each step's batch
         grads = [rows[(s, k)] for k in "BW" if (s, k) in rows]
         assert 0 < sum(r["count"] * r.get("accumulate", 0) for r in grads) < sum(r["count"] for r in grads)
@@ -101,15 +106,20 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, m
         for s in range(stages):
             assert [rows[(s, k)]["count"] for k in "FBU"] == [window * micro, window * micro, window]
             assert rows[(s, "B")]["accumulate"] == (micro - 1) / micro
-            assert rows[(s, "B")]["profiled_s"] == pytest.approx(prof["backward"][s] + (micro - 1) / micro * prof["accumulate"][s])
+            # in flight: the first k = min(p - s, m) forwards hold 1..k, the rest k; the backwards the same
+            # numbers in the other order
+            k = min(stages - s, micro)
+            assert rows[(s, "F")]["held"] == rows[(s, "B")]["held"] == pytest.approx((k * (k + 1) / 2 + (micro - k) * k) / micro)
+            fb = [float(np.interp(rows[(s, x)]["held"], held["depths"], held[name][s])) for x, name in (("F", "forward"), ("B", "backward"))]
+            assert rows[(s, "B")]["profiled_s"] == pytest.approx(prof["backward"][s] * fb[1] + (micro - 1) / micro * prof["accumulate"][s])
             assert rows[(s, "U")]["profiled_s"] == pytest.approx(prof["update"][s])
             ends = s in (0, stages - 1)  # (the first stage makes each step's batch for its inputs, the last for its targets)
-            assert rows[(s, "F")]["profiled_s"] == pytest.approx(prof["forward"][s] + ends * prof["data"][s] / micro)
+            assert rows[(s, "F")]["profiled_s"] == pytest.approx(prof["forward"][s] * fb[0] + ends * prof["data"][s] / micro)
     # profile_in_run.json charges each stage's actions of each kind in the window what they took in the
     # run (one rank per stage here), unless their extra work at its scaled costs alone exceeds that (the
     # kind's own cost then 0)
     inrun = CostProfile.load(tmp_path / "dist" / "profile_in_run.json")
-    work = lambda r: {w: r.get(w, 0) for w in ("copy", "predict", "recompute", "accumulate", "data")}  # noqa: E731
+    work = lambda r: {w: r.get(w, 0) for w in ("copy", "predict", "recompute", "accumulate", "data", "held")}  # noqa: E731
     for (s, k), r in rows.items():
         charged = inrun.cost(s, k, work(r))
         assert charged == pytest.approx(r["run_s"]) if getattr(inrun, costs[k])[s] > 0 else charged >= r["run_s"]

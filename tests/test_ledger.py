@@ -182,6 +182,6 @@ def test_only_an_async_update_pays_for_the_mitigations(mitigation):
     assert led.velocity == ("predict" in mitigation)
     assert led.run(Action(UPDATE, -1, 1, 1, SYNC), 2, False, set(mitigation)) == {}
     assert not led.velocity and led.peak.param_sets == 2  # (the async update's transient copy only)
-    assert led.run(Action("F", 8, 4, 2, ASYNC), 2, False, set(mitigation)) == {"copy": 1}  # (a shadow, d = 2)
+    assert led.run(Action("F", 8, 4, 2, ASYNC), 2, False, set(mitigation)) == {"copy": 1, "held": 1}  # (a shadow, d = 2)
     assert led.inflight[8] == (2, ("copy", 2))
 

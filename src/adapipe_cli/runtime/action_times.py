@@ -12,7 +12,8 @@ steps warm allocators and caches up) and after each later update; the driver tur
 the last into ``summary.json``'s ``action_times`` (:func:`action_table`):
 
     run_s      = wall computing / count              cpu_s = main-thread CPU / count
-    profiled_s = (count x profile.cost(s, kind) + the ledger's extra work at its profiled costs) / count
+    profiled_s = (count x profile.cost(s, kind) at the actions' mean in-flight count
+                  + the ledger's extra work at its profiled costs) / count
 
 and per worker, per step of the window: ``step_s`` (wall), ``wait_peer_s``, ``wait_driver_s``,
 ``report_s``, ``between_s`` (wall outside actions, gates, reports, evaluations and checkpoints:
@@ -29,7 +30,8 @@ from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT
 from ..simulator.clock import EXTRA_WORK, CostProfile
 
 TIMED = (FORWARD, BACKWARD, INPUT, WEIGHT, UPDATE)  # the kinds the clock charges
-WORK = ("copy", "predict", "recompute", "accumulate", "data")  # the ledger's extra work, in that order
+WORK = ("copy", "predict", "recompute", "accumulate", "data", "held")  # the ledger's extra work, in that order
+# (and the microbatches each action held in flight, summed like the work: a row's per-action mean)
 CLOCKS = ("wall", "cpu_process", "cpu_main", "wait_peer", "wait_driver", "eval", "save", "report", "execute")
 WARM = 5  # steps left out at the start (at most a quarter of the run)
 
@@ -105,7 +107,9 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
             row = {"rank": r, "stage": s, "kind": kind, "count": int(n), "run_s": wall / n, "cpu_s": cpu / n}
             if profile is not None and s < profile.stages:
                 extra = dict(zip(WORK, work))
-                charged = n * profile.cost(s, kind) + profile.cost(s, kind, extra) - profile.cost(s, kind)
+                # (each action at the mean in-flight count: exact where the counts share a segment of the table)
+                held = {"held": extra.pop("held") / n}
+                charged = n * profile.cost(s, kind, held) + profile.cost(s, kind, extra) - profile.cost(s, kind)
                 row["profiled_s"] = charged / n
                 row["ratio"] = row["run_s"] / row["profiled_s"] if row["profiled_s"] > 0 else None
             row.update({k: v / n for k, v in zip(WORK, work) if v})  # extra work per action
@@ -143,8 +147,9 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
     backwards (a 1F1B run's, for a zero-bubble schedule): those by its backwards' run over charged
     time. Each kind's own cost at a stage is then what makes the profile charge exactly the
     run's time for that stage's actions of that kind (summed over ranks, with replicas): ``(sum
-    n run_s - the extra work at the scaled costs) / sum n``, at least 0; forwards first, so that a
-    recomputed forward costs the new forward."""
+    n run_s - the extra work at the scaled costs) / sum n h``, at least 0, with h the profile's
+    in-flight factor at the row's mean in-flight count (1 without a ``held`` table): the cost at
+    one microbatch in flight; forwards first, so that a recomputed forward costs the new forward."""
     rows = [r for r in table.get("actions", []) if r["kind"] in FIELD and r["count"] > 0]
     if not rows:
         return None
@@ -167,8 +172,9 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
             of_kind = [r for r in mine if r["kind"] == kind]
             if not of_kind:
                 continue
-            n = sum(r["count"] for r in of_kind)
-            extra = sum(r["count"] * (prof.cost(s, kind, {k: r.get(k, 0) for k in WORK}) - prof.cost(s, kind))
+            # the kind's cost at one microbatch in flight, times each row's in-flight factor
+            n = sum(r["count"] * prof.held_factor(s, kind, r.get("held", 1)) for r in of_kind)
+            extra = sum(r["count"] * (prof.cost(s, kind, {k: r.get(k, 0) for k in WORK if k != "held"}) - prof.cost(s, kind))
                         for r in of_kind)
             getattr(prof, FIELD[kind])[s] = max(0.0, (sum(r["count"] * r["run_s"] for r in of_kind) - extra) / n)
     prof.meta = {**prof.meta, "in_run": "costs from the run's steady actions (runtime.action_times.in_run_profile)"}

@@ -15,6 +15,10 @@ the profile cannot be trusted: one warning line says so (measured with at least
 :data:`MIN_ROUNDS` rounds per pass). The spreads are stored in the profile's
 ``meta["spread"]``.
 
+A stage's forward and backward are also timed with 1, 4 and 8 microbatches' graphs alive (their
+own included: :data:`HELD_DEPTHS`, in the same rounds), for the clock's in-flight factor
+(``CostProfile.held``): a stage that holds more microbatches' saved tensors computes more slowly.
+
 Everything is measured as the run computes: on its device (on CUDA each piece of work is timed
 with CUDA events, synchronised, so the clock is in GPU seconds) and in its precision (the forwards
 under the same autocast, so bf16's times and its saved activations' bytes are bf16's).
@@ -26,6 +30,7 @@ import copy
 import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -43,6 +48,9 @@ SPREAD_FLOOR_S = 1e-3  # ... and by at least this many seconds (one preemption o
 MIN_ROUNDS = 3  # fewer rounds per pass (tests) keep no quiet minimum to compare: no warning
 STATISTICS = {"min": min, "median": statistics.median}  # of a kind of work's times over the rounds
 KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate", "data")
+# microbatches in flight at which a forward and a backward are timed for the profile's ``held``
+# table (1 again beside the others: each depth's factor is over a time of the same rounds)
+HELD_DEPTHS = (1, 4, 8)
 
 
 @dataclass
@@ -104,7 +112,9 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     """The forward, backward and update of a copy of ``stage`` on one microbatch, one copy of its
     parameters (a stash or a shadow), one element-wise pass ``w + d * u`` over them (a
     prediction; the velocity's EMA and nesterov's step are passes of the same size) and one
-    ``acc += g`` of a gradient into an accumulator, as :class:`Work` for :func:`time_interleaved`,
+    ``acc += g`` of a gradient into an accumulator, as :class:`Work` for :func:`time_interleaved`
+    (and under ``("held_forward", d)`` and ``("held_backward", d)`` a forward and a backward with
+    ``d`` microbatches' graphs alive, its own included, for each d of :data:`HELD_DEPTHS`),
     and the bytes of one microbatch's activation (sent in fp32 whatever the precision). The update
     is the executor's: the squared norm of the gradient (every update computes it: the global
     norm's share), with ``grad_clip > 0`` the clipping multiply, then the optimizer's step."""
@@ -150,6 +160,26 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     else:
         input_work = Work(lambda y: stage_backward_input([y], None if st.last else [grad], [x], iter(params)), setup=fwd)
         weight_work = Work(weight_of, setup=lambda: split(fwd()))
+    # the in-flight timings run on a copy of their own, which no update changes: their graphs
+    # outlive the rounds' updates of ``st``
+    held_st = copy.deepcopy(st)
+    held_params = list(held_st.parameters())
+    held_inputs = held_params if st.first else [x, *held_params]
+
+    def held_fwd():
+        with autocast(tokens.device, precision):
+            out = held_st(x)
+        return lm_loss(out.float(), targets) if st.last else out
+
+    pools = {d: deque() for d in HELD_DEPTHS}  # per depth: the other microbatches' graphs kept alive
+
+    def keep(pool: deque, n: int) -> deque:  # (untimed) exactly n graphs in the pool
+        while len(pool) > n:
+            pool.popleft()
+        while len(pool) < n:
+            pool.append(held_fwd())
+        return pool
+
     work = {
         "forward": Work(fwd),
         # the backward alone: each call differentiates a graph built (untimed) just before
@@ -161,6 +191,10 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         "input": input_work,
         "weight": weight_work,
     }
+    for d, pool in pools.items():  # d microbatches in flight, the timed one's included (``held``)
+        work[("held_forward", d)] = Work(lambda q: q.append(held_fwd()), setup=lambda q=pool, d=d: keep(q, d - 1))
+        work[("held_backward", d)] = Work(lambda y: torch.autograd.grad(y, held_inputs, grad, allow_unused=True),
+                                          setup=lambda q=pool, d=d: keep(q, d).popleft())
     return work, float(rows * seq * st.cfg.d_model * 4)
 
 
@@ -221,6 +255,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             w, b = stage_work(stage, make_optimizer, tokens, targets, precision, grad_clip)
             w["data"] = Work(lambda: None) if make_batch is None else Work(_fresh_batches(make_batch))
             work.update({(s, kind): w[kind] for kind in KINDS})
+            work.update({(s, key): w[key] for key in w if isinstance(key, tuple)})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic)
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
@@ -239,7 +274,25 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
-                       data=times["data"])
+                       data=times["data"], held=held_table(t, len(stages)))
+
+
+def held_table(t: dict, stages: int) -> dict:
+    """The profile's ``held`` table from :func:`time_interleaved`'s times of the ``held_forward``
+    and ``held_backward`` work (:func:`stage_work`): per stage, the time at each depth over the
+    time at 1, held non-decreasing and at least 1 (more microbatches in flight never make an
+    action cheaper; a factor below is the rounds' noise)."""
+    out = {"depths": list(HELD_DEPTHS)}
+    for name, key in (("forward", "held_forward"), ("backward", "held_backward")):
+        rows = []
+        for s in range(stages):
+            base, row = t[(s, (key, 1))][0], []
+            for d in HELD_DEPTHS:
+                f = t[(s, (key, d))][0] / base if base > 0 else 1.0
+                row.append(round(max(f, row[-1] if row else 1.0, 1.0), 4))
+            rows.append(row)
+        out[name] = rows
+    return out
 
 
 def _fresh_batches(make_batch: Callable[[int], object]) -> Callable[[], object]:
@@ -298,7 +351,9 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     meta = {**parts[0].meta, "method": f"{parts[0].meta.get('method', '')}, each stage where it runs",
             "spread": spread, "devices": [parts[d].meta.get("device") for d, _ in at]}
     memory = {k: [parts[d].memory[k][j] for d, j in at] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
+    held = ({"depths": parts[0].held["depths"], **{k: [parts[d].held[k][j] for d, j in at] for k in ("forward", "backward")}}
+            if all(pt.held for pt in parts) else {})
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
-                       data=times["data"])
+                       data=times["data"], held=held)

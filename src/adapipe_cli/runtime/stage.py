@@ -256,7 +256,8 @@ class StageExecutor:
 
     # -- execution -----------------------------------------------------------------------------
     def run(self, a: Action) -> dict[str, int]:
-        """Run ``a``; returns the extra work it did ({"copy": n, "predict": n, "recompute": n})."""
+        """Run ``a``; returns the extra work it did ({"copy": n, "predict": n, "recompute": n}) and
+        the microbatches it ``held`` in flight (see the ledger)."""
         self.work = {}
         if a.kind == FORWARD:
             self.forward(a)
@@ -437,6 +438,7 @@ class StageExecutor:
         pipelining helpers). The first stage has no input gradient: its ``W`` runs the whole
         backward."""
         rec = self.inflight[a.mb]
+        self.ledger.input(a, self.work)
         grad_out = None if self.last else self.transport.recv("grad", self.s + 1, self.s, a.mb).to(rec.out.dtype)
         if self.first:
             rec.split = grad_out

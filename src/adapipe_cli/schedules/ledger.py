@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .actions import ASYNC, BACKWARD, EVAL, FORWARD, SYNC, UPDATE, WEIGHT, Action
+from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action
 
 LIVE = ("live",)
 
@@ -121,6 +121,7 @@ class Ledger:
             work["data"] = work.get("data", 0) + 1
         key = self.weights(a.version, a.phase, a.step, work)
         self.inflight[a.mb] = (a.version, key)
+        work["held"] = len(self.inflight)
         self.uses[a.version] = self.uses.get(a.version, 0) + 1
         if key[0] == "pred":
             self.pred_uses[key[1:]] = self.pred_uses.get(key[1:], 0) + 1
@@ -129,6 +130,7 @@ class Ledger:
     def backward(self, a: Action, work: dict) -> tuple:
         """The buffer the backward differentiates at: its forward's, or (no stashing) the weights
         of ``a.version`` with the forward recomputed."""
+        work["held"] = len(self.inflight)
         version, key = self.inflight.pop(a.mb)
         _drop(self.uses, version)
         if key[0] == "pred":
@@ -140,6 +142,10 @@ class Ledger:
             work["accumulate"] = work.get("accumulate", 0) + 1
         self.grads.add(a.step)
         return key
+
+    def input(self, a: Action, work: dict) -> None:
+        """A split backward's ``I``: it changes no buffer (its microbatch stays in flight for the ``W``)."""
+        work["held"] = len(self.inflight)
 
     def update(self, a: Action, needed: bool, work: dict, mitigations: set) -> None:
         """``U(t)``: the live version is copied first if an action still needs it (``needed``)."""
@@ -183,6 +189,8 @@ class Ledger:
             self.forward(a, work)
         elif a.kind in (BACKWARD, WEIGHT):  # (a split backward's I holds on to its activations)
             self.backward(a, work)
+        elif a.kind == INPUT:
+            self.input(a, work)
         elif a.kind == UPDATE:
             self.update(a, needed_live, work, mitigations)
         elif a.kind == EVAL:

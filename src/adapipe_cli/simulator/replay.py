@@ -69,8 +69,8 @@ class Replay:
         needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
         work = led.run(a, prog.floor_version(), needed, self.mit)
         cost = self.profile.cost(s, kind, work)
-        if work:
-            self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind)
+        if any(k != "held" for k in work):  # (the extra work's seconds, not the in-flight microbatches' toll)
+            self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind, {"held": work.get("held", 1)})
         start, end = self.clock.run(s, a, cost)
         if self.record and kind == UPDATE and self.clock.last_allreduce:
             self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))

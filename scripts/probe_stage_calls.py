@@ -11,6 +11,7 @@ sequences):
 2. **Microbatches in flight.** A forward and a backward with d microbatches' graphs alive, the
    timed one's included (d = 1, 2, 4, 8; the clock's in-flight factor, ``CostProfile.held``):
    before each timed forward d - 1 others are alive, and each timed backward takes the oldest of d.
+   The depths take turns call by call.
 
 Times are thread CPU (``time.thread_time``: what the stage computes, whatever else the machine
 runs), the median over ``--calls`` calls after ``--warm`` untimed ones. Not a benchmark of record.
@@ -89,11 +90,10 @@ def main() -> None:
             return lm_loss(out, targets) if last else out
 
         grad = None if last else torch.randn_like(fwd())
-        row = []
-        for d in DEPTHS:
-            pool: deque = deque()
-            tf, tb = [], []
-            for i in range(args.warm + args.calls):
+        pools = {d: deque() for d in DEPTHS}
+        tf, tb = {d: [] for d in DEPTHS}, {d: [] for d in DEPTHS}
+        for i in range(args.warm + args.calls):
+            for d, pool in pools.items():  # (interleaved: the machine's drift slows every depth alike)
                 while len(pool) < d - 1:
                     pool.append(fwd())
                 dt_f, out = timed(fwd)
@@ -101,9 +101,9 @@ def main() -> None:
                 y = pool.popleft()
                 dt_b, _ = timed(lambda: torch.autograd.grad(y, inputs, grad, allow_unused=True))
                 if i >= args.warm:
-                    tf.append(dt_f)
-                    tb.append(dt_b)
-            row.append((d, statistics.median(tf), statistics.median(tb)))
+                    tf[d].append(dt_f)
+                    tb[d].append(dt_b)
+        row = [(d, statistics.median(tf[d]), statistics.median(tb[d])) for d in DEPTHS]
         base_f, base_b = row[0][1], row[0][2]
         print(f"stage {s} in flight: " + "  ".join(f"{d}: F {1e3 * f:.3f} ({f / base_f:.2f}x) B {1e3 * b:.3f} ({b / base_b:.2f}x)"
                                                    for d, f, b in row))

@@ -57,10 +57,10 @@ class CostProfile:
     other out of the caches. ``held["depths"]`` are the counts measured (1 first),
     ``held["forward"][s]`` and ``held["backward"][s]`` the forward's and the backward's cost at
     each depth over its cost at 1 (the backward's for I and W too); between depths the factor is
-    interpolated linearly, beyond the last it stays. Measured: a gpt-micro stage of two blocks
-    (microbatch 4 x 64, one CPU thread) takes 1.10x its forward and 1.12x its backward with 4
-    microbatches in flight, so PipeDream's first stage at depth 4 (4 in flight) pays them where
-    1F1B with one microbatch (1 in flight) does not."""
+    interpolated linearly, beyond the last it stays. Measured (gpt-micro, microbatch 4 x 64, one
+    CPU thread, ``scripts/bench_accounting.py``): the first stage's backward takes 1.06 to 1.09x
+    its time with 4 microbatches in flight, its forward 1.00x, so PipeDream's first stage at depth
+    4 (4 in flight) pays that where 1F1B with one microbatch (1 in flight) does not."""
 
     forward: list[float]
     backward: list[float]

@@ -1,13 +1,16 @@
 """What honest accounting changes: the simulated step times and memory of each method, with the
 work of weight copies and predictions charged (today's clock) and left free (the clock before it),
 and with the in-flight toll (``CostProfile.held``: an action's cost grows with the microbatches
-its stage holds) and without it (the clock before 2026-12-04).
+its stage holds) and without it (the same profile's costs with its in-flight table dropped: not
+the clock before 2026-12-04, whose profiles timed the plain forward and backward without the
+in-flight timings beside them).
 
 For each optimizer it measures one cost profile per depth (gpt-micro, microbatches of 4 sequences,
 one thread; the same way a sweep does), then prints per depth and microbatch count the steady
 sync (1F1B and ZB-H1) and async step times of PipeDream and 2BW, plain and with weight prediction, under
 the three clocks, the sync/async ratio R that AdaPipe's decisions rest on, the first stage's
-in-flight factors (forward / backward at 4 and 8 microbatches) and the peak parameter sets and
+in-flight factors (forward and backward at 4 and at 8 microbatches; the profile measures 4, and
+keeps its factor beyond) and the peak parameter sets and
 MiB of the first stage. Run on a quiet machine: python scripts/bench_accounting.py
 [--optims adamw muon] [--depths 2 4 8] [--micro 1 4] [--out docs/results/accounting.md]
 """

@@ -375,21 +375,26 @@ def test_a_checkpoint_from_before_chunks_and_gain_resumes_at_their_defaults():
 
 
 def test_a_profile_measured_before_the_later_entries_keeps_its_fingerprint():
-    """A profile with accumulate and data all zero (measured before they existed) hashes as the
-    fields it had then did (written out here as the old rule); non-zero, they count."""
+    """A profile with accumulate and data all zero and no in-flight table (measured before they
+    existed) hashes as the fields it had then did (written out here, field by field, as the old
+    rule); non-zero or present, they count."""
     import hashlib
     import json
-    from dataclasses import asdict
 
     from adapipe_cli.simulator.clock import CostProfile
     from adapipe_cli.train import fingerprint
 
     prof = CostProfile.uniform(2, 1e-3, 2e-3, 1e-4, act_bytes=4096.0)
-    old = {k: v for k, v in asdict(prof).items() if k not in ("meta", "link", "accumulate", "data")}
-    assert all(x == 0 for x in prof.accumulate) and all(x == 0 for x in prof.data)
-    assert fingerprint.profile_fingerprint(prof) == hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    old = {"forward": [1e-3, 1e-3], "backward": [2e-3, 2e-3], "update": [1e-4, 1e-4], "act_bytes": 4096.0,
+           "copy": [0.0, 0.0], "predict": [0.0, 0.0], "memory": {}, "input": [1e-3, 1e-3], "weight": [1e-3, 1e-3]}
+    digest = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    assert all(x == 0 for x in prof.accumulate) and all(x == 0 for x in prof.data) and prof.held == {}
+    assert fingerprint.profile_fingerprint(prof) == digest
+    prof.held = {"depths": [1, 4], "forward": [[1.0, 1.1]] * 2, "backward": [[1.0, 1.2]] * 2}
+    assert fingerprint.profile_fingerprint(prof) != digest
+    prof.held = {}
     prof.accumulate = [1e-5, 1e-5]
-    assert fingerprint.profile_fingerprint(prof) != hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()
+    assert fingerprint.profile_fingerprint(prof) != digest
 
 
 def test_a_resume_drops_a_retired_key_the_run_was_given(tmp_path):

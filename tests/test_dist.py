@@ -91,8 +91,8 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, m
     assert {"F", "U"} <= {k for _, k in rows} <= {"F", "B", "I", "W", "U"} and {s for s, _ in rows} == set(range(n))
     assert all(r["run_s"] > 0 and r["cpu_s"] > 0 and r["profiled_s"] > 0 for r in rows.values())
     costs = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "U": "update"}
-    held = prof["held"]  # (measured by the workers: the in-flight factors at 1, 4 and 8 microbatches)
-    assert held["depths"] == [1, 4, 8] and len(held["forward"]) == len(held["backward"]) == n
+    held = prof["held"]  # (measured by the workers: the in-flight factors at 1 and 4 microbatches)
+    assert held["depths"] == [1, 4] and len(held["forward"]) == len(held["backward"]) == n
     for (s, k), r in rows.items():  # the charge: the kind's cost at the actions' mean in-flight count, and the extra work the ledger counted, at the profile's costs
         extra = sum(r.get(w, 0) * prof["forward" if w == "recompute" else w][s] for w in ("copy", "predict", "recompute", "accumulate", "data"))
         factor = 1.0 if k == "U" else float(np.interp(r["held"], held["depths"], held["forward" if k == "F" else "backward"][s]))

@@ -177,18 +177,27 @@ def test_numbers_do_not_depend_on_the_interleaving(weights):
         assert all(torch.equal(x, y) for x, y in zip(ea.params, eb.params))
 
 
-def test_pipeline_clock_is_the_simulators_time():
-    """The local runtime's time_s is the simulated pipeline time of the same lists and costs."""
+@pytest.mark.parametrize("held,sync", [(False, "1f1b"), (True, "1f1b"), (True, "zbh1")])
+def test_pipeline_clock_is_the_simulators_time(held, sync):
+    """The local runtime's time_s is the simulated pipeline time of the same lists and costs; with
+    an in-flight table too (the executor's ledger counts what the simulator's does, at F, B and, in
+    ZB-H1's sync steps, I and W), and then it is later than without."""
     from adapipe_cli.schedules import Plan, ScheduleSpec
     from adapipe_cli.simulator.clock import CostProfile
     from adapipe_cli.simulator.simulate import simulate
 
     phases = [SYNC, SYNC, ASYNC, ASYNC, ASYNC, SYNC]
     prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.1])
-    rt = local_runtime(3, 2, phases, make_data(len(phases)), profile=prof)
+    if held:
+        prof.held = {"depths": [1, 4], "forward": [[1.0, 1.3], [1.0, 1.2], [1.0, 1.1]],
+                     "backward": [[1.0, 1.6], [1.0, 1.4], [1.0, 1.5]]}
+    rt = local_runtime(3, 2, phases, make_data(len(phases)), profile=prof, sync=sync)
     times = [rt.run_step(t).time_s for t in range(len(phases))]
-    sim = simulate(ScheduleSpec(3, 2), Plan(len(phases), phases), prof)
+    sim = simulate(ScheduleSpec(3, 2, sync), Plan(len(phases), phases), prof)
     assert times == pytest.approx(sim.update_end, rel=1e-12)
+    if held:  # (with ZB-H1 the sync steps' I and W held theirs too)
+        prof.held = {}
+        assert times[-1] > simulate(ScheduleSpec(3, 2, sync), Plan(len(phases), phases), prof).update_end[-1] + 0.1
 
 
 @pytest.mark.parametrize("weights,mitigation", [("stash", []), ("latest", []), ("2bw", ["predict"]),

@@ -374,19 +374,23 @@ def test_an_actions_cost_grows_with_the_microbatches_its_stage_holds(tmp_path):
     of one stage and 4 microbatches holds 1, 2, 3, 4 at its forwards and 4, 3, 2, 1 at its
     backwards; 1F1B holds one at each: f (1 + 1.1 + 1.2 + 1.3) + b (1.6 + 1.4 + 1.2 + 1) against
     4 (f + b). PipeDream with one microbatch holds p - s at stage s, so at depth 4 its step is stage
-    0's f 1.3 + b 1.6, where 1F1B's (one in flight) stays (m + p - 1)(f + b)."""
+    0's f 1.3 + b 1.6, where 1F1B's (one in flight) stays (m + p - 1)(f + b). The toll is busy time,
+    not bubble."""
     prof = held_profile(1)
     assert [prof.held_factor(0, "F", h) for h in (0, 1, 2, 4, 6, 8, 20)] == approx([1, 1, 1.1, 1.3, 1.4, 1.5, 1.5])
     assert [prof.held_factor(0, k, 2.5) for k in ("B", "I", "W", "U")] == approx([1.3, 1.3, 1.3, 1.0])
     assert prof.cost(0, "B", {"held": 4, "accumulate": 1}) == approx(B * 1.6)  # (accumulating is free here)
     assert CostProfile.uniform(1, F, B).cost(0, "F", {"held": 8}) == F
-    gpipe = simulate(ScheduleSpec(1, 4, "gpipe"), Plan(2, [SYNC] * 2), prof).step_time
-    assert gpipe == approx(F * (1 + 1.1 + 1.2 + 1.3) + B * (1.6 + 1.4 + 1.2 + 1.0))
+    gpipe = simulate(ScheduleSpec(1, 4, "gpipe"), Plan(2, [SYNC] * 2), prof)
+    assert gpipe.step_time == approx(F * (1 + 1.1 + 1.2 + 1.3) + B * (1.6 + 1.4 + 1.2 + 1.0))
+    assert gpipe.bubble_fraction == approx(0.0)  # (the toll is busy time: one stage is never idle)
     assert simulate(ScheduleSpec(1, 4, "1f1b"), Plan(2, [SYNC] * 2), prof).step_time == approx(4 * (F + B))
     p = 4
     n = min_steady_steps(p, 1) + 2
     r = simulate(ScheduleSpec(p, 1, "1f1b", "stash"), Plan(n, [ASYNC] * n), held_profile(p))
     assert r.steady and r.step_time == approx(F * 1.3 + B * 1.6)
+    # stages 1 to 3 hold 3, 2, 1 and wait for stage 0: busy F (1.3 + 1.2 + 1.1 + 1) + B (1.6 + 1.4 + 1.2 + 1)
+    assert r.bubble_fraction == approx(1 - (F * 4.6 + B * 5.2) / (p * r.step_time))
     assert simulate(ScheduleSpec(p, 1, "1f1b"), Plan(3, [SYNC] * 3), held_profile(p)).step_time == approx(p * (F + B))
     prof.save(tmp_path / "p.json")
     assert CostProfile.load(tmp_path / "p.json").held == prof.held

@@ -43,7 +43,8 @@ def warm_steps(max_steps: int) -> int:
 
 class ActionTimes:
     """One worker's counters (see the module docstring). ``acts[(stage, kind)]`` is
-    ``[count, wall, cpu, copy, predict, recompute, accumulate, data]``; ``clocks`` the worker's
+    ``[count, wall, cpu, copy, predict, recompute, accumulate, data, held]`` (held: the sum of
+    the actions' in-flight counts); ``clocks`` the worker's
     cumulative seconds of :data:`CLOCKS` other than the three read from the OS at a snapshot."""
 
     def __init__(self):
@@ -107,7 +108,9 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
             row = {"rank": r, "stage": s, "kind": kind, "count": int(n), "run_s": wall / n, "cpu_s": cpu / n}
             if profile is not None and s < profile.stages:
                 extra = dict(zip(WORK, work))
-                # (each action at the mean in-flight count: exact where the counts share a segment of the table)
+                # (each action at the mean in-flight count: exact where the counts share a linear segment
+                # of the table, e.g. all at most 4; a row with counts on both sides of 4 is charged a
+                # little more than its actions' own factors would give)
                 held = {"held": extra.pop("held") / n}
                 charged = n * profile.cost(s, kind, held) + profile.cost(s, kind, extra) - profile.cost(s, kind)
                 row["profiled_s"] = charged / n

@@ -154,9 +154,14 @@ class CostProfile:
         if "copy" not in d or "predict" not in d:
             raise ValueError(f"cost profile {path} has no cost for weight copies and predictions (it predates them): "
                              f"measure it again")
+        held = d.get("held", {})
+        if held and not (len(held.get("forward", [])) == len(held.get("backward", [])) == len(d["forward"])
+                         and all(len(r) == len(held["depths"]) for r in held["forward"] + held["backward"])):
+            raise ValueError(f"cost profile {path}: its in-flight table (held) does not have a row of "
+                             f"{len(held.get('depths', []))} factors per stage: measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
                    d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []),
-                   d.get("link", {}), d.get("accumulate", []), d.get("data", []), d.get("held", {}))
+                   d.get("link", {}), d.get("accumulate", []), d.get("data", []), held)
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Replay:
         self.f_done: set[tuple[int, int]] = set()  # (stage, mb) forwarded, not yet taken by the next stage
         self.b_done: set[tuple[int, int]] = set()
         self.extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
+        self.toll: dict[int, float] = {}  # step -> seconds of the in-flight toll (CostProfile.held_factor)
         self.timeline: list = []
 
     def ready(self, s: int, a: Action) -> bool:
@@ -69,8 +70,11 @@ class Replay:
         needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
         work = led.run(a, prog.floor_version(), needed, self.mit)
         cost = self.profile.cost(s, kind, work)
-        if any(k != "held" for k in work):  # (the extra work's seconds, not the in-flight microbatches' toll)
-            self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - self.profile.cost(s, kind, {"held": work.get("held", 1)})
+        own = self.profile.cost(s, kind, {"held": work.get("held", 1)})  # (the kind's cost at its in-flight count)
+        if own != self.profile.cost(s, kind):  # the in-flight microbatches' toll: busy time too
+            self.toll[a.step] = self.toll.get(a.step, 0.0) + own - self.profile.cost(s, kind)
+        if any(k != "held" for k in work):
+            self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - own
         start, end = self.clock.run(s, a, cost)
         if self.record and kind == UPDATE and self.clock.last_allreduce:
             self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))
@@ -112,7 +116,7 @@ class Replay:
     def state_dict(self) -> dict:
         return {"popped": [prog.popped for prog in self.programs], "clock": self.clock.state_dict(),
                 "ledgers": [copy.deepcopy(led.state_dict()) for led in self.ledgers],
-                "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra")})}
+                "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra", "toll")})}
 
     def load_state_dict(self, state: dict) -> None:
         """Go back to ``state``; the plan must hold the phases decided when it was taken."""

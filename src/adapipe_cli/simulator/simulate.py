@@ -70,10 +70,10 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     split = spec.sync in SPLIT_SCHEDULES and all(ph == SYNC for ph in plan.phases[:n])
     back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
     work = sum(spec.microbatches * (profile.forward[s] + back[s]) + profile.update[s] for s in range(p))
-    # the extra work (copies, predictions, recomputed forwards) is busy time, not bubble: its mean
-    # per step over the steps the steady step time spans
+    # the extra work (copies, predictions, recomputed forwards) and the in-flight toll are busy
+    # time, not bubble: their mean per step over the steps the steady step time spans
     window = _steady_window(n, skip)
-    busy_extra = sum(extra.get(t, 0.0) for t in window) / len(window) if window else 0.0
+    busy_extra = sum(extra.get(t, 0.0) + rep.toll.get(t, 0.0) for t in window) / len(window) if window else 0.0
     bubble = 1.0 - (work + busy_extra) / (devices * step_time) if step_time > 0 else 0.0
     busy = clock.busy
     return SimResult(

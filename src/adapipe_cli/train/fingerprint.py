@@ -51,19 +51,23 @@ def data_fingerprints(data) -> dict[str, str]:
     return {TRAIN: train, VALID: valid}
 
 
-# cost entries added after profiles were first fingerprinted: all zero (a profile measured before
-# them) they change no number, and leaving them out keeps such a profile's old fingerprint
-LATER_ENTRIES = ("accumulate", "data")
+# cost entries added after profiles were first fingerprinted: all zero or empty (a profile
+# measured before them) they change no number, and leaving them out keeps such a profile's old
+# fingerprint (``held``, the in-flight table: empty)
+LATER_ENTRIES = ("accumulate", "data", "held")
 
 
 def _all_zero(v) -> bool:
+    if isinstance(v, dict):
+        return not v
     return all(_all_zero(x) for x in v) if isinstance(v, (list, tuple)) else v == 0
 
 
 def profile_fingerprint(profile) -> str:
     """SHA-256 of a cost profile's numbers (every field but ``meta`` and ``link``, which has its own:
     :func:`link_fingerprint`; and the later entries ``accumulate`` and ``data`` where they are all
-    zero, as in a profile measured before them, so that its runs' checkpoints still resume)."""
+    zero, and ``held`` where it is empty, as in a profile measured before them, so that its runs'
+    checkpoints still resume)."""
     numbers = {k: v for k, v in asdict(profile).items()
                if k not in ("meta", "link") and not (k in LATER_ENTRIES and _all_zero(v))}
     return hashlib.sha256(json.dumps(numbers, sort_keys=True).encode()).hexdigest()

@@ -21,8 +21,8 @@ own included: :data:`HELD_DEPTHS`, in the same rounds), for the clock's in-fligh
 Those timings run on a copy of the stage of their own, and their graphs stay alive between
 rounds (3 per stage), so every timing of the rounds, the plain forward and backward included,
 runs beside that memory and after memory-heavy work, as a run's actions do: since they joined the
-rounds (2026-12-04) a dist run's 1F1B forward and backward took 1.08 to 1.09x and 0.96 to 1.04x
-their start-up costs, against 1.16 and 1.12x before (README, the dist benchmark).
+rounds (2026-12-04) a dist run's 1F1B forward and backward took 1.07 to 1.09x and 0.96 to 1.04x
+their start-up costs in three reruns, against 1.16 and 1.12x before (README, the dist benchmark).
 
 Everything is measured as the run computes: on its device (on CUDA each piece of work is timed
 with CUDA events, synchronised, so the clock is in GPU seconds) and in its precision (the forwards

@@ -87,9 +87,9 @@ def call_with(module: torch.nn.Module, slots: list[tuple[dict, str, int]], weigh
               x: torch.Tensor) -> torch.Tensor:
     """``module(x)`` computed with ``weights`` (in ``params``' order, :func:`param_slots`) in place
     of its parameters, which are put back after. What ``torch.func.functional_call`` does, without
-    its per-call bookkeeping, which cost 0.08 to 0.15 ms (3 to 5%) over a gpt-nano stage's 3.1 ms
-    forward on one CPU thread (``scripts/probe_stage_calls.py``), paid by every forward and
-    recompute with a stashed or predicted version."""
+    its per-call bookkeeping, which cost 0.09 to 0.13 ms (2 to 4%) over a gpt-nano stage's 3.5 ms
+    forward on one CPU thread (``scripts/probe_stage_calls.py``, docs/results/probe_stage_calls.txt),
+    paid by every forward and recompute with a stashed or predicted version."""
     saved = [table[name] for table, name, _ in slots]
     try:
         for table, name, i in slots:

@@ -394,3 +394,28 @@ def test_an_actions_cost_grows_with_the_microbatches_its_stage_holds(tmp_path):
     assert simulate(ScheduleSpec(p, 1, "1f1b"), Plan(3, [SYNC] * 3), held_profile(p)).step_time == approx(p * (F + B))
     prof.save(tmp_path / "p.json")
     assert CostProfile.load(tmp_path / "p.json").held == prof.held
+
+
+def test_a_profile_whose_in_flight_table_does_not_fit_is_refused(tmp_path):
+    """A held table with a row per stage of a factor per depth loads; one whose rows are short or
+    missing, or whose depths do not start at 1, is refused in one ValueError naming the file; a
+    profile without a table loads and charges no toll."""
+    path = tmp_path / "p.json"
+    good = held_profile(2)
+    good.held = {"depths": [1, 4], "forward": [[1.0, 1.1]] * 2, "backward": [[1.0, 1.2]] * 2}
+    good.save(path)
+    assert CostProfile.load(path).held == good.held
+    for bad in ({"depths": [1, 4], "forward": [[1.0, 1.1, 1.2]] * 2, "backward": [[1.0, 1.2]] * 2},
+                {"depths": [1, 4], "forward": [[1.0, 1.1]], "backward": [[1.0, 1.2]]},
+                {"forward": [[1.0, 1.1]] * 2, "backward": [[1.0, 1.2]] * 2},
+                {"depths": [2, 4], "forward": [[1.0, 1.1]] * 2, "backward": [[1.0, 1.2]] * 2}):
+        d = json.loads(path.read_text())
+        d["held"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(d))
+        with pytest.raises(ValueError, match="in-flight table"):
+            CostProfile.load(tmp_path / "bad.json")
+    d = json.loads(path.read_text())
+    del d["held"]
+    (tmp_path / "old.json").write_text(json.dumps(d))
+    old = CostProfile.load(tmp_path / "old.json")
+    assert old.held == {} and old.cost(0, "B", {"held": 4}) == B

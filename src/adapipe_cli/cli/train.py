@@ -143,7 +143,11 @@ def _check_resume(cfg) -> None:
         fail(str(e))
     profile = Path(cfg.pipeline.profile or Path(cfg.train.resume) / "profile.json")
     if profile.is_file():
-        now.update(fingerprint.profile_fingerprints(CostProfile.load(profile), fingerprint.link_configured(cfg)))
+        try:
+            loaded = CostProfile.load(profile)
+        except ValueError as e:
+            fail(f"pipeline.profile={profile}: {e}")
+        now.update(fingerprint.profile_fingerprints(loaded, fingerprint.link_configured(cfg)))
     refusal = fingerprint.refusal(cfg, folder, manifest, now)
     if refusal:
         fail(refusal)

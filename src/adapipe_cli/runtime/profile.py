@@ -55,9 +55,11 @@ STATISTICS = {"min": min, "median": statistics.median}  # of a kind of work's ti
 KINDS = ("forward", "backward", "update", "copy", "predict", "input", "weight", "accumulate", "data")
 # microbatches in flight at which a forward and a backward are timed for the profile's ``held``
 # table (1 again beside the others: each depth's factor is over a time of the same rounds). Not 8:
-# on this CPU 8 cost what 4 did (the first stage's backward 1.07-1.09x against 1.06-1.09x, forward
-# 1.00-1.05x against 1.00x: docs/results/accounting_held.md), the clock keeps the last depth's
-# factor beyond it, and the pools' graphs are memory a profile holds for every stage at once
+# on this CPU 8 cost at most 2 points (backward) and 5 (forward, one profile of six) more than 4
+# (the first stage's backward 1.07-1.09x against 1.06-1.09x, forward 1.00-1.05x against 1.00x:
+# docs/results/accounting_held_depth8.md), the clock keeps the last depth's factor beyond it (so
+# more than 4 in flight is charged up to that little less), and the pools' graphs are memory a
+# profile holds for every stage at once
 HELD_DEPTHS = (1, 4)
 
 
@@ -267,6 +269,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic)
         work.clear()  # (the in-flight pools' graphs: freed before the memory is measured)
+        w = None
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
     finally:
         torch.random.set_rng_state(state)

@@ -134,11 +134,14 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     rows, seq = tokens.shape
     x = tokens if st.first else _stage_input(tokens, st.cfg.d_model)
 
-    def fwd():
-        with autocast(tokens.device, precision):
-            out = st(x)
-        return lm_loss(out.float(), targets) if st.last else out
+    def forward_of(module: GPTStage) -> Callable[[], torch.Tensor]:
+        def run():
+            with autocast(tokens.device, precision):
+                out = module(x)
+            return lm_loss(out.float(), targets) if st.last else out
+        return run
 
+    fwd = forward_of(st)
     grad = None if st.last else torch.randn_like(fwd())
     inputs = params if st.first else [x, *params]
     velocity = [torch.zeros_like(p) for p in params]
@@ -175,11 +178,7 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     held_st = copy.deepcopy(st)
     held_params = list(held_st.parameters())
     held_inputs = held_params if st.first else [x, *held_params]
-
-    def held_fwd():
-        with autocast(tokens.device, precision):
-            out = held_st(x)
-        return lm_loss(out.float(), targets) if st.last else out
+    held_fwd = forward_of(held_st)
 
     pools = {d: deque() for d in HELD_DEPTHS}  # per depth: the other microbatches' graphs kept alive
 

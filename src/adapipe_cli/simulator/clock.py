@@ -113,9 +113,9 @@ class CostProfile:
             c = self.weight[stage]
         else:
             return 0.0
-        if work and "held" in work:
-            c *= self.held_factor(stage, kind, work["held"])
         if work:
+            if "held" in work:
+                c *= self.held_factor(stage, kind, work["held"])
             c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
                   + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage]
                   + work.get("data", 0) * self.data[stage])

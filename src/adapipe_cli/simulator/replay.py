@@ -69,10 +69,10 @@ class Replay:
         led, prog = self.ledgers[s], self.programs[s]
         needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
         work = led.run(a, prog.floor_version(), needed, self.mit)
-        cost = self.profile.cost(s, kind, work)
-        own = self.profile.cost(s, kind, {"held": work.get("held", 1)})  # (the kind's cost at its in-flight count)
-        if own != self.profile.cost(s, kind):  # the in-flight microbatches' toll: busy time too
-            self.toll[a.step] = self.toll.get(a.step, 0.0) + own - self.profile.cost(s, kind)
+        cost, base = self.profile.cost(s, kind, work), self.profile.cost(s, kind)
+        own = self.profile.cost(s, kind, {"held": work["held"]}) if "held" in work else base  # (at its in-flight count)
+        if own != base:  # the in-flight microbatches' toll: busy time too
+            self.toll[a.step] = self.toll.get(a.step, 0.0) + own - base
         if any(k != "held" for k in work):
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - own
         start, end = self.clock.run(s, a, cost)

@@ -52,9 +52,11 @@ def sched_cfg(**kw):
 
 def local_runtime(p: int, m: int, phases: list[str], data, *, sync="1f1b", weights="stash", gcfg=GCFG,
                   ocfg=None, scfg=None, clip=1.0, order="forward", seed=0, profile=None,
-                  precision="fp32", barrier=None, chunks=1):
+                  precision="fp32", barrier=None, chunks=1, signal=None, measured=False):
     """``barrier`` (None: as a run would choose, see schedules/choice.py): whether sync updates wait;
-    ``chunks``: model chunks per device (interleaved: the model is cut into ``p * chunks``)."""
+    ``chunks``: model chunks per device (interleaved: the model is cut into ``p * chunks``);
+    ``signal``: the held-out signal's cost per stage after each update; ``measured``: the clock
+    takes measured costs (no profile)."""
     steps = len(phases)
     plan = Plan(steps, list(phases))
     ocfg = ocfg if ocfg is not None else optim_cfg()
@@ -66,8 +68,8 @@ def local_runtime(p: int, m: int, phases: list[str], data, *, sync="1f1b", weigh
     if barrier is None:
         barrier = sync != "zbh2" or clip > 0 or (gcfg.tie_embeddings and p > 1)
     return LocalRuntime(stages, opts, ScheduleSpec(p, m, sync, weights, barrier, chunks), plan, policy, batch_fn(data, m),
-                        profile or CostProfile.uniform(p * chunks), LinkModel(), clip, seed, gcfg.tie_embeddings, order,
-                        precision=precision)
+                        None if measured else profile or CostProfile.uniform(p * chunks), LinkModel(), clip, seed,
+                        gcfg.tie_embeddings, order, precision=precision, signal=signal)
 
 
 def run_losses(rt, steps: int) -> list[float]:

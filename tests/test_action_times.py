@@ -14,7 +14,7 @@ def test_warm_steps_leave_out_five_or_a_quarter():
 
 def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
     times = ActionTimes()
-    waits = {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0}
+    waits = {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0, "signal": 0.0}
     times.add(1, "F", 9.0, 9.0, {})  # before the window: left out
     times.mark(0, 2, waits)  # step 0 < warm - 1: not the start
     times.mark(1, 2, waits)  # the window starts after U(1)
@@ -24,7 +24,7 @@ def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
         times.add(1, "B", 1.2, 1.0, {"accumulate": 1})
         times.add(1, "E", 5.0, 5.0, {})  # evaluations are not on the clock: not counted
         times.clocks["execute"] += 2.5
-        times.mark(step, 2, {**waits, "wait_peer": 0.25 * step})
+        times.mark(step, 2, {**waits, "wait_peer": 0.25 * step, "signal": 0.125 * step})
     w = times.window()
     assert w["steps"] == 2 and set(w["acts"]) == {"1/F", "1/B"}
     assert w["acts"]["1/F"] == pytest.approx([4, 2.4, 2.0, 2, 0, 0, 0, 0, 0]) and w["acts"]["1/B"] == pytest.approx([2, 2.4, 2.0, 0, 0, 0, 2, 0, 0])
@@ -39,12 +39,13 @@ def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
     assert b["kind"] == "B" and b["profiled_s"] == pytest.approx(0.8 + 0.02) and b["accumulate"] == 1
     (r,) = table["ranks"]
     assert r["rank"] == 1 and r["steps"] == 2 and r["wait_peer_s"] == pytest.approx(0.375)
+    assert r["signal_s"] == pytest.approx(0.375 / 2)  # the held-out signal's seconds per step, out of between_s
 
 
 def test_no_window_no_table():
     times = ActionTimes()
     assert times.window() is None and action_table([None, None], None) is None
-    times.mark(4, 2, {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0})
+    times.mark(4, 2, {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0, "signal": 0.0})
     assert times.window() is None  # one report: no step between
 
 
@@ -83,3 +84,16 @@ def test_in_run_profile_charges_each_stage_and_kind_what_the_run_took():
     assert prof.forward == [1.0, 0.5] and prof.copy == [0.01, 0.02]  # the run's profile itself is left alone
     assert "in_run" in got.meta and "in_run" not in prof.meta
     assert in_run_profile({"actions": [], "ranks": []}, prof) is None
+
+
+def test_the_in_run_profile_scales_the_held_out_signal_as_its_stages_actions():
+    """The held-out signal's forward is not a row of the table: the in-run profile scales it by
+    its stage's run over charged time, as the extra work."""
+    prof = CostProfile([1.0, 0.5], [2.0, 1.0], [0.1, 0.2], signal=[0.4, 0.3], meta={"signal_rows": 8})
+    table = {"actions": [
+        {"rank": 0, "stage": 0, "kind": "F", "count": 2, "run_s": 2.0, "profiled_s": 1.0},
+        {"rank": 0, "stage": 0, "kind": "B", "count": 2, "run_s": 4.0, "profiled_s": 2.0},
+        {"rank": 1, "stage": 1, "kind": "F", "count": 2, "run_s": 0.5, "profiled_s": 0.5},
+    ], "ranks": []}
+    got = in_run_profile(table, prof)
+    assert got.signal == pytest.approx([0.8, 0.3]) and prof.signal == [0.4, 0.3]  # (the given profile untouched)

@@ -48,7 +48,8 @@ def test_async_to_sync_drains_and_releases_stashed_versions():
 TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=1", "optim.lr=3e-3", "heuristic.start=sync",
                 "heuristic.sync_warmup=0", "heuristic.window=10", "heuristic.probe_steps=10", "heuristic.probe_every=40",
                 "train.max_steps=120", "train.eval_every=10", "train.target_ppl=6",
-                "train.stop_at_target=true"]  # (at step 80: the switches and the phases' shares are decided by then)
+                "train.stop_at_target=true",  # (at step 80: the switches and the phases' shares are decided by then)
+                "heuristic.signal_tokens=16"]  # (one row: the held-out signal's forward, on the clock, an eighth of a microbatch's)
 
 
 @pytest.mark.parametrize("heuristic", [pytest.param("rate", marks=pytest.mark.slow), "goodput", "gain"])

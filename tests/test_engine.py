@@ -399,3 +399,40 @@ def test_call_with_is_functional_call_and_puts_the_parameters_back(tie):
         call_with(model, slots, weights, x.float())  # (an embedding needs integer tokens)
     assert all(a is b for a, b in zip((p for _, p in model.named_parameters(remove_duplicate=False)),
                                       (params[i] for _, _, i in slots)))
+
+
+@pytest.mark.parametrize("sync", ["1f1b", "zbh1"])
+def test_the_held_out_signal_is_on_the_local_clock(sync):
+    """AdaPipe's held-out signal is on the clock: with its per-stage cost after each update the
+    local clock equals the simulator given the same cost, and the busy time grows by exactly
+    steps x the stage's share (hand count). With measured costs (no profile), evaluating the
+    signal charges each stage what its forward took, and evaluating the validation batches
+    charges nothing."""
+    from adapipe_cli.schedules import Plan, ScheduleSpec
+    from adapipe_cli.simulator.clock import CostProfile
+    from adapipe_cli.simulator.simulate import simulate
+
+    phases = [SYNC, ASYNC, ASYNC, ASYNC, SYNC, ASYNC] if sync == "1f1b" else [SYNC] * 4
+    p, m, sig = 3, 2, [0.31, 0.37, 0.41]
+    prof = CostProfile([1.0, 1.5, 1.2], [2.0, 3.1, 2.5], [0.1, 0.2, 0.3], copy=[0.07, 0.11, 0.13])
+    data = make_data(len(phases))
+    rt = local_runtime(p, m, phases, data, sync=sync, profile=prof, signal=sig)
+    times = [rt.run_step(t).time_s for t in range(len(phases))]
+    spec, plan = ScheduleSpec(p, m, sync), Plan(len(phases), phases)
+    sim = simulate(spec, plan, prof, signal=sig)
+    assert times == pytest.approx(sim.update_end, rel=1e-12)
+    base = simulate(spec, plan, prof)
+    assert sim.makespan > base.makespan
+    busy = [u * sim.makespan - v * base.makespan for u, v in zip(sim.utilization, base.utilization)]
+    assert busy == pytest.approx([len(phases) * c for c in sig], rel=1e-9)
+
+    measured = local_runtime(p, m, [SYNC], data, sync=sync, measured=True)
+    measured.run_step(0)
+    before = list(measured.clock.busy)
+    batches = [data[0]]  # (a batch of the data as the held-out one)
+    measured.evaluate(batches)
+    assert measured.clock.busy == before  # an evaluation is not on the clock
+    free = list(measured.clock.free)
+    measured.evaluate(batches, signal=True)
+    grown = [b - a for a, b in zip(before, measured.clock.busy)]
+    assert all(g > 0 for g in grown) and [f + g for f, g in zip(free, grown)] == pytest.approx(measured.clock.free)

@@ -351,3 +351,33 @@ def test_the_in_flight_table_times_each_depth_with_that_many_graphs_alive(make_c
             Work(lambda q: (seen.append(len(q)), fwd.run(q)), setup=fwd.setup)(lambda: 0.0)
             Work(lambda y: (seen.append(len(bwd.setup.__defaults__[0]) + 1), bwd.run(y)), setup=bwd.setup)(lambda: 0.0)
             assert seen == [d - 1, d]
+
+
+def test_the_profile_times_the_held_out_signals_forward(make_cfg):
+    """With ``signal_rows`` the profile times each stage's forward of AdaPipe's held-out signal:
+    that many rows, no graph kept for a backward, the loss at the last stage; its rows go in the
+    meta. Without, the profile has none (the clock then scales the training forward). Joined
+    per-stage parts keep it only if every part has it."""
+    from adapipe_cli.runtime.profile import join_profiles, measure_profile, stage_work
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+
+    cfg = make_cfg("pipeline.stages=2")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
+    for s, rows in ((0, 5), (1, 3)):
+        out = stage_work(stages[s], opt, x, x, signal_rows=rows)[0]["signal"].run()
+        if s == 0:
+            assert out.shape[:2] == (rows, 16) and not out.requires_grad
+        else:  # (the last stage: the loss over the signal's rows)
+            assert out.dim() == 0 and not out.requires_grad
+    prof = measure_profile(stages, opt, x, x, reps=1, signal_rows=3)
+    assert len(prof.signal) == 2 and all(c > 0 for c in prof.signal) and prof.meta["signal_rows"] == 3
+    assert prof.signal_costs(6) == pytest.approx([2 * c for c in prof.signal])
+    plain = measure_profile(stages, opt, x, x, reps=1)
+    assert plain.signal == [] and "signal_rows" not in plain.meta
+    parts = [measure_profile([st], opt, x, x, reps=1, signal_rows=3) for st in stages]
+    assert join_profiles(parts, rounds=1).signal == [parts[0].signal[0], parts[1].signal[0]]
+    mixed = join_profiles([parts[0], measure_profile([stages[1]], opt, x, x, reps=1)], rounds=1)
+    assert mixed.signal == [] and "signal_rows" not in mixed.meta

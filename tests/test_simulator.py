@@ -419,3 +419,46 @@ def test_a_profile_whose_in_flight_table_does_not_fit_is_refused(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(d))
     old = CostProfile.load(tmp_path / "old.json")
     assert old.held == {} and old.cost(0, "B", {"held": 4}) == B
+
+
+def test_the_held_out_signal_is_busy_time_after_each_update():
+    """AdaPipe's held-out signal (``signal``): each stage computes its share of the signal's
+    forward right after its update. 1F1B with one microbatch on 2 stages: the next step's first
+    forward waits for stage 0's share, and stage 1's hides in its wait for that forward, so the
+    step is 2 (f + b) + u + S_0. PipeDream: every stage does F, B, U and its share each step, so the
+    step is f + b + u + max S and the other stage idles the difference, a bubble."""
+    p, u, sig = 2, 0.5, [0.3, 0.4]
+    prof = CostProfile.uniform(p, F, B, u)
+    sync = simulate(ScheduleSpec(p, 1, "1f1b"), Plan(6, [SYNC] * 6), prof, signal=sig, record=True)
+    ends = sync.update_end
+    assert ends[0] == approx(2 * (F + B) + u)  # (no signal before the first step)
+    assert [b - a for a, b in zip(ends, ends[1:])] == [approx(2 * (F + B) + u + sig[0])] * 5
+    assert sorted((s, step) for s, kind, _mb, step, a, b in sync.timeline if kind == "S" and b - a == approx(sig[s])) == \
+        [(s, t) for s in range(p) for t in range(6)]
+    n = 4 * min_steady_steps(p, 1)
+    asy = simulate(ScheduleSpec(p, 1, "1f1b", "stash"), Plan(n, [ASYNC] * n), prof, signal=sig)
+    assert asy.step_time == approx(F + B + u + max(sig))
+    assert asy.bubble_fraction == approx(1 - (p * (F + B + u) + sum(sig)) / (p * (F + B + u + max(sig))))
+    assert simulate(ScheduleSpec(p, 1, "1f1b", "stash"), Plan(n, [ASYNC] * n), prof).step_time == approx(F + B + u)
+
+
+def test_the_signals_cost_is_measured_else_scaled_from_the_forward(tmp_path):
+    """``signal_costs(rows)``: the measured costs at their rows, linear in rows from them; a profile
+    without them (from before) charges the training forward scaled by rows over the microbatch's.
+    A profile whose signal costs lack a stage or their rows is refused at load."""
+    prof = CostProfile([1.0, 2.0], [2.0, 4.0], [0.1, 0.1], meta={"microbatch_size": 4})
+    assert prof.signal_costs(8) == approx([2.0, 4.0]) and prof.signal_costs(2) == approx([0.5, 1.0])
+    prof.signal, prof.meta["signal_rows"] = [1.7, 3.3], 8
+    assert prof.signal_costs(8) == approx([1.7, 3.3]) and prof.signal_costs(4) == approx([0.85, 1.65])
+    path = tmp_path / "p.json"
+    prof.save(path)
+    assert CostProfile.load(path).signal_costs(8) == approx([1.7, 3.3])
+    assert CostProfile([1.0], [2.0], [0.1]).signal_costs(8, 2) == approx([4.0])  # (the run's microbatch rows)
+    with pytest.raises(ValueError, match="microbatch"):
+        CostProfile([1.0], [2.0], [0.1]).signal_costs(8)
+    for bad in ({"signal": [1.7]}, {"meta": {"microbatch_size": 4}}):
+        d = json.loads(path.read_text())
+        d.update(bad)
+        path.write_text(json.dumps(d))
+        with pytest.raises(ValueError, match="signal"):
+            CostProfile.load(path)

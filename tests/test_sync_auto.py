@@ -57,7 +57,8 @@ def test_auto_runs_as_its_pick_end_to_end(make_cfg, tmp_path):
     profile = tmp_path / "split.json"
     split_profile().save(profile)
     base = ["schedule=adapipe", "heuristic=gain", f"pipeline.stages={P}", "pipeline.microbatches=16",
-            "train.batch_size=16", "train.max_steps=4", "train.eval_every=2", f"pipeline.profile={profile}", "heuristic.start=sync"]  # (all 4 steps in the sync warm-up of a sync start)
+            "train.batch_size=16", "train.max_steps=4", "train.eval_every=2", f"pipeline.profile={profile}", "heuristic.start=sync",
+            "heuristic.signal=train"]  # (all 4 steps in the sync warm-up of a sync start; no held-out signal on the clock)
     runs = {sync: train(make_cfg(*base, f"schedule.sync={sync}"), tmp_path / sync) for sync in ("auto", "zbh1")}
     evals = {k: [json.loads(x)["val_loss"] for x in (tmp_path / k / "metrics.jsonl").read_text().splitlines()
                  if '"val_loss"' in x] for k in runs}

@@ -54,8 +54,9 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     trace of the probe but the undo event, and the summary counts it."""
     profile = tmp_path / "uniform.json"  # a fixed clock
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
+    # (the training loss as the signal: the held-out one's forward is on the clock, which ZB-H1's is not)
     common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=30", "train.eval_every=5",
-              "pipeline.clock=profiled", f"pipeline.profile={profile}"]
+              "pipeline.clock=profiled", f"pipeline.profile={profile}", "heuristic.signal=train"]
     if runtime == "dist":
         common += ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
     made = []

@@ -33,6 +33,7 @@ class Setup:
     source: str  # where the costs come from
     allreduce: object = None  # AllReduceModel of pipeline.replicas
     grad_bytes: list | None = None  # per stage, the bytes all-reduced (None: the profile's)
+    signal: list | None = None  # per stage, AdaPipe's held-out signal's forward after each update (None: none)
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -68,7 +69,7 @@ def prepare(cfg) -> Setup:
     """The spec, plan, costs and link of a simulation, or a one-line error (exit 2)."""
     from ..schedules import Plan, ScheduleError
     from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
-    from ..schedules.choice import schedule_choice
+    from ..schedules.choice import microbatch_size, schedule_choice
     from ..train.build import pick_sync
 
     p, s = cfg.pipeline, cfg.schedule
@@ -109,8 +110,13 @@ def prepare(cfg) -> Setup:
     allreduce = AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
     # schedule.sync=auto: picked on the profile (its all-reduce from the profile's bytes, not grad_bytes)
     spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec
+    # AdaPipe follows its held-out loss after every step, as a run of this config would: on the clock
+    signal = None
+    if choice.phase is None and cfg.heuristic.signal == "heldout":
+        rows = max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
+        signal = profile.signal_costs(rows, microbatch_size(cfg))
     return Setup(spec, Plan(steps, phases(cfg, steps)), profile, link, source, allreduce,
-                 [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None)
+                 [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None, signal)
 
 
 def _load_profile(path: str):
@@ -190,6 +196,9 @@ def summary_text(name: str, setup: Setup, res) -> str:
         f"utilization      {util:.4f} (mean over stages, whole run)",
         f"makespan         {res.makespan:.6g} s",
     ]
+    if setup.signal:
+        lines.append(f"held-out signal  {max(setup.signal):.6g} s after each update at the slowest stage (AdaPipe's "
+                     f"heuristics follow the held-out loss: on the clock; heuristic.signal=train: none)")
     if res.replicas > 1:
         lines.append(f"all-reduce       {max(res.allreduce_s):.6g} s per update at the slowest stage "
                      f"({res.replicas} replicas, all_gather; counted in the bubble)")
@@ -227,7 +236,7 @@ def run_simulation(cfg, run_dir: Path) -> dict:
     actions = setup.plan.max_steps * spec.virtual_stages * (2 * spec.microbatches + 1)
     record = actions <= RECORD_LIMIT
     res = simulate(spec, setup.plan, setup.profile, setup.link, record=record, mitigations=list(cfg.schedule.mitigation),
-                   allreduce=setup.allreduce, grad_bytes=setup.grad_bytes)
+                   allreduce=setup.allreduce, grad_bytes=setup.grad_bytes, signal=setup.signal)
     run_dir.mkdir(parents=True, exist_ok=True)
     written = ["simulation.json"]
     if record:

@@ -172,7 +172,8 @@ class HeuristicConfig:
     # stays on the clock), so a probe leaves no lasting damage
     undo_probes: bool = False
     # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
-    # after every step (off the clock; on dist each worker runs it after its update), or the training loss (train)
+    # after every step (on the clock: each stage's share of its forward after the stage's update;
+    # on dist each worker runs it after its update), or the training loss (train: free)
     signal: str = "heldout"
     signal_tokens: int = 512
     # divergence guard

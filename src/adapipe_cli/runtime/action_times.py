@@ -5,7 +5,8 @@ W, U) the actions run, their wall seconds computing (time blocked in the transpo
 in ``busy``), their main-thread CPU seconds and the extra work the ledger counted for them
 (copies, predictions, recomputed forwards, gradient accumulations, batches made); and per worker its clocks:
 wall, process CPU (every thread: gloo's too), main-thread CPU, and the seconds blocked on a
-neighbour, on the driver (gate and phases), in evaluations and checkpoints and in its reports.
+neighbour, on the driver (gate and phases), in the held-out signal, in evaluations and
+checkpoints and in its reports.
 
 A worker takes a snapshot after its update of step ``warm - 1`` (:func:`warm_steps`: the first
 steps warm allocators and caches up) and after each later update; the driver turns the first and
@@ -16,7 +17,8 @@ the last into ``summary.json``'s ``action_times`` (:func:`action_table`):
                   + the ledger's extra work at its profiled costs) / count
 
 and per worker, per step of the window: ``step_s`` (wall), ``wait_peer_s``, ``wait_driver_s``,
-``report_s``, ``between_s`` (wall outside actions, gates, reports, evaluations and checkpoints:
+``report_s``, ``signal_s`` (the held-out signal's forwards, with their waits for the stage
+before), ``between_s`` (wall outside actions, gates, reports, signals, evaluations and checkpoints:
 the loop's own overhead) and ``other_threads_cpu_s`` (process CPU not on the main thread: the
 transport's threads). ``run_s / profiled_s`` is how far the run's actions are from the clock's.
 """
@@ -32,7 +34,7 @@ from ..simulator.clock import EXTRA_WORK, CostProfile
 TIMED = (FORWARD, BACKWARD, INPUT, WEIGHT, UPDATE)  # the kinds the clock charges
 WORK = ("copy", "predict", "recompute", "accumulate", "data", "held")  # the ledger's extra work, in that order
 # (and the microbatches each action held in flight, summed like the work: a row's per-action mean)
-CLOCKS = ("wall", "cpu_process", "cpu_main", "wait_peer", "wait_driver", "eval", "save", "report", "execute")
+CLOCKS = ("wall", "cpu_process", "cpu_main", "wait_peer", "wait_driver", "eval", "save", "signal", "report", "execute")
 WARM = 5  # steps left out at the start (at most a quarter of the run)
 
 
@@ -66,7 +68,7 @@ class ActionTimes:
 
     def snapshot(self, step: int, waits: dict) -> dict:
         """The counters now, after ``U(step)``; ``waits``: the worker's cumulative ``wait_peer``,
-        ``wait_driver``, ``eval`` and ``save`` seconds."""
+        ``wait_driver``, ``eval``, ``save`` and ``signal`` seconds."""
         return {"step": step, "wall": time.perf_counter(), "cpu_process": time.process_time(),
                 "cpu_main": time.thread_time(), **self.clocks, **waits,
                 "acts": {f"{s}/{k}": list(v) for (s, k), v in self.acts.items()}}
@@ -122,9 +124,10 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
         if not w:
             continue
         c = w["clocks"]
-        between = c["wall"] - c["execute"] - c["wait_driver"] - c["report"] - c["eval"] - c["save"]
+        between = c["wall"] - c["execute"] - c["wait_driver"] - c["report"] - c["eval"] - c["save"] - c["signal"]
         ranks.append({"rank": r, "steps": w["steps"], "step_s": c["wall"], "wait_peer_s": c["wait_peer"],
-                      "wait_driver_s": c["wait_driver"], "report_s": c["report"], "between_s": between,
+                      "wait_driver_s": c["wait_driver"], "report_s": c["report"], "signal_s": c["signal"],
+                      "between_s": between,
                       "cpu_main_s": c["cpu_main"], "other_threads_cpu_s": c["cpu_process"] - c["cpu_main"]})
     return {"actions": rows, "ranks": ranks,
             "method": "per step or per action over the steady steps (the first min(5, steps / 4) left out); run_s: wall "
@@ -145,7 +148,8 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
 
     The run times whole actions, not the extra work inside them (copies, predictions,
     accumulations, batches made, recomputed forwards), so that part is an assumption: a stage's
-    extra work is scaled by the stage's run over charged time over all its actions, and so is a
+    extra work (and the held-out signal's forward) is scaled by the stage's run over charged time
+    over all its actions, and so is a
     kind of action the run did not do at the stage, except the I and W of a stage that ran whole
     backwards (a 1F1B run's, for a zero-bubble schedule): those by its backwards' run over charged
     time. Each kind's own cost at a stage is then what makes the profile charge exactly the
@@ -164,6 +168,8 @@ def in_run_profile(table: dict, profile: CostProfile) -> CostProfile | None:
             ratio = sum(r["count"] * r["run_s"] for r in mine) / charged
             for name in EXTRA_WORK:
                 getattr(prof, name)[s] *= ratio
+            if prof.signal:  # (the held-out signal's forward, not an action of the table: as the extra work)
+                prof.signal[s] *= ratio
             # (the I and W of a stage that ran whole backwards: as its backwards, I + W being a B)
             backs = [r for r in mine if r["kind"] == BACKWARD and r.get("profiled_s", 0.0) > 0]
             b_ratio = (sum(r["count"] * r["run_s"] for r in backs) / sum(r["count"] * r["profiled_s"] for r in backs)

@@ -87,9 +87,10 @@ class Runtime(Protocol):
     def evaluate_now(self, version: int) -> None:
         """Evaluate the current weights (``version``) outside the schedule: the run ends here."""
 
-    def evaluate(self, batches) -> float:
+    def evaluate(self, batches, signal: bool = False) -> float:
         """Mean loss of the current weights on ``batches`` (where ``heldout``; the dist runtime's
-        workers evaluate the spec's held-out batch, which ``batches`` must be)."""
+        workers evaluate the spec's held-out batch, which ``batches`` must be). ``signal``: it is
+        the heuristic's held-out signal, whose forward is on the clock."""
 
     def state_dict(self) -> dict:
         """The whole pipeline at the current step boundary (where ``snapshots``)."""

@@ -53,7 +53,7 @@ from ..config.validate import ConfigError
 from .. import checkpoint
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, allreduce_times
 from ..simulator.replay import Replay
-from ..schedules.choice import chunks
+from ..schedules.choice import chunks, microbatch_size
 from .base import RunSpec, StepResult, global_norm, stage_lrs
 from .device import usable_cores
 from .dist_transport import Board
@@ -252,8 +252,10 @@ class DistRuntime:
                 # with replicas, the all-reduce (all_gather) of each stage's parameter bytes before its updates (as on local)
                 ar = allreduce_times(AllReduceModel(self.R, cfg.pipeline.dp_bandwidth, cfg.pipeline.dp_latency_s),
                                      self._collect([f"grad_bytes/{s}" for s in range(self.p * self.chunks)]))
+                # the held-out signal's forward after each update, as a local run charges it
+                signal = self.profile.signal_costs(spec.signal_rows, microbatch_size(cfg)) if spec.signal_rows else None
                 self.replay = Replay(spec.schedule, self.plan, self.profile, link, list(cfg.schedule.mitigation),
-                                     allreduce=ar)
+                                     allreduce=ar, signal=signal)
         except BaseException:
             self.close()
             raise
@@ -362,7 +364,7 @@ class DistRuntime:
             raise ConfigError(f"checkpoint {folder} has no part {missing[0]}: it was not written by this pipeline")
         return {r: str(Path(folder) / manifest["parts"][n]["file"]) for r, n in enumerate(names)}
 
-    def evaluate(self, batches) -> float:
+    def evaluate(self, batches, signal: bool = False) -> float:
         """The held-out signal's loss of the current weights: ``batches`` must be the spec's
         (``signal_rows`` rows of the validation data), which every worker evaluates right after
         each update."""
@@ -457,7 +459,7 @@ class DistRuntime:
     def _result(self, t: int, reps: list[dict]) -> StepResult:
         # an evaluation holds up the whole pipeline for about as long as the stage that waits
         # longest in it (the last), so the largest evaluation time comes off the clock; so does
-        # the time spent writing checkpoints
+        # the time spent writing checkpoints (not the held-out signal's: the heuristic's own work)
         paused = max(r["eval_s"] + r["save_s"] for r in reps)
         now = max(self.base + max(r["t_end"] for r in reps) - paused, self.prev_time)
         busy, devices = sum(r["busy"] for r in reps), self.n

@@ -80,6 +80,7 @@ class LocalRuntime:
         device: torch.device | None = None,
         replicas: list[Replica] | None = None,
         allreduce: AllReduceModel | None = None,
+        signal: list[float] | None = None,
     ):
         # p: stages (virtual stages with interleaving), each its own executor; devices: what the clock times
         self.p, self.m, self.devices = spec.virtual_stages, spec.microbatches, spec.stages
@@ -108,8 +109,11 @@ class LocalRuntime:
         # the all-reduce before each update, of the stage's gradient bytes (a parameter set's)
         grad_bytes = [float(sum(q.numel() * q.element_size() for q in ex.params)) for ex in self.executors]
         ar = allreduce_times(allreduce, grad_bytes) if self.R > 1 else None
+        # ``signal``: per stage, the held-out signal's forward after each update (charged by the clock
+        # from the profile; with measured costs, :meth:`evaluate` charges what it measures)
         self.clock = PipelineClock(self.devices, link, profile.act_bytes if profile else 0.0, spec.barrier,
-                                   stage_device=[spec.device_of(s) for s in range(self.p)], allreduce=ar)
+                                   stage_device=[spec.device_of(s) for s in range(self.p)], allreduce=ar,
+                                   signal=signal if profile else None)
         self.updated = [-1] * (self.R * self.p)  # last step each stage (of each replica) has updated
         self.arrived: set[tuple[int, int]] = set()
         stage_order = list(range(self.p)) if order == "forward" else list(reversed(range(self.p)))
@@ -236,14 +240,23 @@ class LocalRuntime:
         )
 
     @torch.no_grad()
-    def evaluate(self, batches) -> float:
+    def evaluate(self, batches, signal: bool = False) -> float:
         """Mean validation loss of the current weights (every stage holds the same version after
-        ``run_step``)."""
+        ``run_step``). ``signal``: the heuristic's held-out signal, which is on the clock: with a
+        profile the clock charged it after each update; with measured costs each stage's share is
+        charged here, as measured (every stage is at its update: ``run_step`` stops each there)."""
         total = 0.0
+        charge = signal and self.profile is None
         for x, y in batches:
             h = x
-            for ex in self.executors:
+            for s, ex in enumerate(self.executors):
+                if charge:
+                    synchronize(self.device)
+                t0 = time.perf_counter()
                 h = ex.eval_forward(ex.live, h)
+                if charge:
+                    synchronize(self.device)
+                    self.clock.occupy(s, time.perf_counter() - t0)
             total += lm_loss(h.float(), y).item()
         return total / len(batches)
 

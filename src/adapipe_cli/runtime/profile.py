@@ -118,14 +118,16 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
 
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
-               targets: torch.Tensor, precision: str = "fp32", grad_clip: float = 0.0) -> tuple[dict[str, Work], float]:
+               targets: torch.Tensor, precision: str = "fp32", grad_clip: float = 0.0,
+               signal_rows: int = 0) -> tuple[dict[str, Work], float]:
     """The forward, backward and update of a copy of ``stage`` on one microbatch, one copy of its
     parameters (a stash or a shadow), one element-wise pass ``w + d * u`` over them (a
     prediction; the velocity's EMA and nesterov's step are passes of the same size) and one
     ``acc += g`` of a gradient into an accumulator, as :class:`Work` for :func:`time_interleaved`
     (and under ``("held_forward", d)`` and ``("held_backward", d)`` a forward and a backward with
-    ``d`` microbatches' graphs alive, its own included, for each d of :data:`HELD_DEPTHS`),
-    and the bytes of one microbatch's activation (sent in fp32 whatever the precision). The update
+    ``d`` microbatches' graphs alive, its own included, for each d of :data:`HELD_DEPTHS`; and
+    with ``signal_rows``, under ``"signal"`` the forward without gradient of the held-out signal's
+    ``signal_rows`` rows, the loss included at the last stage), and the bytes of one microbatch's activation (sent in fp32 whatever the precision). The update
     is the executor's: the squared norm of the gradient (every update computes it: the global
     norm's share), with ``grad_clip > 0`` the clipping multiply, then the optimizer's step."""
     st = copy.deepcopy(stage)
@@ -200,6 +202,17 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         "input": input_work,
         "weight": weight_work,
     }
+    if signal_rows:  # the held-out signal's forward: the microbatch's rows repeated to its size
+        reps = -(-signal_rows // rows)
+        sx = x.detach().repeat(reps, *[1] * (x.dim() - 1))[:signal_rows]
+        sy = targets.repeat(reps, 1)[:signal_rows]
+
+        @torch.no_grad()
+        def signal():
+            with autocast(tokens.device, precision):
+                out = st(sx)
+            return lm_loss(out.float(), sy) if st.last else out
+        work["signal"] = Work(signal)
     for d, pool in pools.items():  # d microbatches in flight, the timed one's included (``held``)
         work[("held_forward", d)] = Work(lambda q: q.append(held_fwd()), setup=lambda q=pool, d=d: keep(q, d - 1))
         work[("held_backward", d)] = Work(lambda y: torch.autograd.grad(y, held_inputs, grad, allow_unused=True),
@@ -248,22 +261,24 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
                     precision: str = "fp32", grad_clip: float = 0.0,
                     make_batch: Callable[[int], object] | None = None,
-                    until: Callable[[], bool] | None = None, statistic: str = "min") -> CostProfile:
+                    until: Callable[[], bool] | None = None, statistic: str = "min",
+                    signal_rows: int = 0) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
     data source's batch of step ``t`` (each call a step not made before), timed as every stage's
     ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing.
     ``until``, ``statistic``: :func:`time_interleaved`'s (keep computing, untimed, until the peers
-    are done; ``min``, the quiet value, or ``median``, the typical call)."""
+    are done; ``min``, the quiet value, or ``median``, the typical call). ``signal_rows``: the
+    held-out signal's forward of that many rows is timed too (``CostProfile.signal``; 0: not)."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
         work, act_bytes = {}, 0.0
         for s, stage in enumerate(stages):
-            w, b = stage_work(stage, make_optimizer, tokens, targets, precision, grad_clip)
+            w, b = stage_work(stage, make_optimizer, tokens, targets, precision, grad_clip, signal_rows)
             w["data"] = Work(lambda: None) if make_batch is None else Work(_fresh_batches(make_batch))
-            work.update({(s, kind): w[kind] for kind in KINDS})
+            work.update({(s, kind): w[kind] for kind in (*KINDS, "signal") if kind in w})
             work.update({(s, key): w[key] for key in w if isinstance(key, tuple)})
             act_bytes = act_bytes or b
         t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic)
@@ -279,13 +294,14 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     line = unsteady(spread, times) if reps >= MIN_ROUNDS else None
     if line:
         warn(line)
+    signal = [t[(s, "signal")][0] for s in range(len(stages))] if signal_rows else []
     meta = {**(meta or {}), "method": f"{statistic} over {PASSES} passes x {max(1, reps)} interleaved rounds",
-            "statistic": statistic, "spread": spread}
+            "statistic": statistic, "spread": spread, **({"signal_rows": signal_rows} if signal_rows else {})}
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
-                       data=times["data"], held=held_table(t, len(stages)))
+                       data=times["data"], held=held_table(t, len(stages)), signal=signal)
 
 
 def held_table(t: dict, stages: int) -> dict:
@@ -364,7 +380,10 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     memory = {k: [parts[d].memory[k][j] for d, j in at] for k in ("params", "optimizer", "activation") if parts[0].memory.get(k)}
     held = ({"depths": parts[0].held["depths"], **{k: [parts[d].held[k][j] for d, j in at] for k in ("forward", "backward")}}
             if all(pt.held for pt in parts) else {})
+    signal = col("signal") if all(pt.signal for pt in parts) else []
+    if not signal:
+        meta.pop("signal_rows", None)
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],
-                       data=times["data"], held=held)
+                       data=times["data"], held=held, signal=signal)

@@ -48,9 +48,13 @@ def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor, data=No
     """The cost profile of ``stages`` on the microbatch (x, y), labelled with what it was measured
     for (a run measures its own; a sweep measures one per depth and gives it to every run; a dist
     worker its own stage's); with ``data`` (the run's source), the making of one step's batch of
-    ``train.batch_size`` rows timed too. ``kw``: :func:`measure_profile`'s ``warn``, ``until`` and ``statistic``."""
+    ``train.batch_size`` rows timed too; and the forward of AdaPipe's held-out signal
+    (``heuristic.signal_tokens`` over the sequence length, in rows), which a heuristic that follows
+    the held-out loss pays after every step. ``kw``: :func:`measure_profile`'s ``warn``, ``until``
+    and ``statistic``."""
     rows = cfg.train.batch_size
     kw["make_batch"] = None if data is None else (lambda t: data.train_batch(t, rows))
     return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
                            reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])),
-                           precision=cfg.train.precision, grad_clip=cfg.optim.grad_clip, **kw)
+                           precision=cfg.train.precision, grad_clip=cfg.optim.grad_clip,
+                           signal_rows=max(1, cfg.heuristic.signal_tokens // cfg.model.block_size), **kw)

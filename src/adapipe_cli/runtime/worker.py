@@ -47,6 +47,8 @@ The heuristics' held-out signal (``signal_rows`` in the spec): right after each 
 stage runs ``S(t + 1)``, the forward of the held-out batch with the new weights, on the
 evaluation channel (``S(v)`` follows ``U(v - 1)`` and precedes ``E(v)`` at every stage, so both
 ends of the channel see one order); the last stage puts its loss on the board (``signal/{v}``).
+Its seconds (``signal_s``, waits for the stage before included) stay on the wall clock: it is the
+heuristic's own work, not an evaluation.
 Without ``pipeline.profile`` each worker measures its own stage's cost profile before it reports
 ready (``profile/{rank}``), on its own device, all workers at once: they start at a barrier and
 each keeps computing until the last is done (:func:`all_measured`), so that the profile times
@@ -292,6 +294,7 @@ class Worker:
         self._new_picks()
         self.busy = 0.0  # seconds computing F, B and U (blocking in the transport excluded)
         self.eval_s = 0.0  # seconds in evaluations
+        self.signal_s = 0.0  # seconds in the held-out signal's forwards (on the clock)
         self.gate_s = 0.0  # seconds waiting for the driver to open the gate of an update
         self.save_s = 0.0  # seconds at checkpoint gates: writing this stage's part, waiting for the driver's
         self.times = ActionTimes()  # per action kind, against the profile (summary.json's action_times)
@@ -471,7 +474,8 @@ class Worker:
         """``S(version)``, right after ``U(version - 1)``: the forward of the held-out batch with
         the new weights, passed on like an evaluation's; the last stage puts its loss on the board
         (``signal/{version}``), where the driver has it for the observation of step ``version - 1``,
-        the lag of the local runtime. Off the clock, like evaluations. (On the evaluation channel:
+        the lag of the local runtime. On the clock: the heuristic's own work, which the fixed
+        schedules do not do (its seconds, ``signal_s``, are not taken off like evaluations'). (On the evaluation channel:
         every stage runs ``S(v)`` after ``U(v - 1)`` and ``E(v)`` after it, before ``U(v)``.)"""
         t0 = time.perf_counter()
         x, y = self.signal
@@ -483,7 +487,7 @@ class Worker:
                     self.board.put(f"signal/{version}", ex._loss(out, y).item())
             else:
                 self.transport.send("eval", ex.s, ex.s + 1, (version, SIGNAL), out.float())
-        self.eval_s += time.perf_counter() - t0
+        self.signal_s += time.perf_counter() - t0
 
     # -- the divergence guard ------------------------------------------------------------------
     def _snapshot(self, steps: int) -> None:
@@ -633,7 +637,7 @@ class Worker:
         })
         self.times.clocks["report"] += time.perf_counter() - self.t0 - end
         self.times.mark(step, self.warm, {"wait_peer": self.transport.wait_s, "wait_driver": self.gate_s + self.plan.wait_s,
-                                          "eval": self.eval_s, "save": self.save_s})
+                                          "eval": self.eval_s, "save": self.save_s, "signal": self.signal_s})
 
     def _peaks(self) -> dict:
         """This process's peak resident memory so far and, on CUDA, its device's peak allocation (MB)."""

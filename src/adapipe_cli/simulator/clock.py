@@ -9,7 +9,14 @@ An action starts when its stage is free and its input has arrived, and lasts its
   numbers); without the barrier (ZB-H2's) when its stage is free;
 - with R replicas of the pipeline, every ``U(t)`` at stage s is preceded by the all-reduce of the
   stage's gradient with its R-1 copies (:class:`AllReduceModel`), which keeps the stage busy
-  communicating (drawn as ``A``; not counted as compute in ``busy``).
+  communicating (drawn as ``A``; not counted as compute in ``busy``);
+- with a held-out signal (``signal``: per stage, its forward's seconds, :meth:`CostProfile.signal_costs`),
+  every ``U(t)`` at stage s is followed by the stage's share of the signal's forward: AdaPipe's
+  heuristics follow the held-out loss after every step, work the fixed schedules do not do, so
+  the stage is busy for it (drawn as ``S``) before its next action. It does not wait for the
+  stage before: the held-out batch is charged as if it went through the pipeline as a
+  forward-only microbatch (the dist runtime's workers chain it, each waiting for the one before,
+  and its wall clock counts that wait too).
 
 The link (:class:`LinkModel`) is a configured one (``pipeline.link_latency_s``,
 ``pipeline.link_bandwidth``) or, when none is, the one a distributed run measured at start-up and
@@ -33,6 +40,7 @@ from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Ac
 
 
 ALLREDUCE = "A"  # a stage's gradient all-reduce across replicas, before its update (not a schedule action)
+SIGNAL = "S"  # a stage's share of the held-out signal's forward, after its update (not a schedule action)
 EXTRA_WORK = ("copy", "predict", "accumulate", "data")  # work an action may do besides its own kind (see schedules/ledger.py)
 
 
@@ -61,7 +69,12 @@ class CostProfile:
     CPU thread, ``scripts/bench_accounting.py``, docs/results/accounting_held.md): the first
     stage's backward takes 1.05 to 1.14x its time with 4 microbatches in flight, its forward 1.00x,
     so PipeDream's first stage at depth 4 (4 in flight) pays that where 1F1B with one microbatch (1
-    in flight) does not."""
+    in flight) does not.
+
+    ``signal``: per stage, the seconds of the forward (no gradient) of AdaPipe's held-out signal
+    batch, ``meta["signal_rows"]`` rows (empty: not measured, a profile from before it; see
+    :meth:`signal_costs`). A heuristic that follows the held-out loss evaluates it after every
+    step, and the clock charges that (``PipelineClock``'s ``signal``)."""
 
     forward: list[float]
     backward: list[float]
@@ -77,6 +90,7 @@ class CostProfile:
     accumulate: list[float] = field(default_factory=list)
     data: list[float] = field(default_factory=list)
     held: dict = field(default_factory=dict)  # depths, forward and backward factors per stage (see above)
+    signal: list[float] = field(default_factory=list)  # the held-out signal's forward per stage (see above)
 
     def __post_init__(self) -> None:
         p = len(self.forward)
@@ -121,6 +135,22 @@ class CostProfile:
                   + work.get("data", 0) * self.data[stage])
         return c
 
+    def signal_costs(self, rows: int, microbatch_rows: int | None = None) -> list[float]:
+        """Per stage, the seconds of the held-out signal's forward of ``rows`` rows: the measured
+        ``signal`` at its rows, scaled linearly from them at other rows; without a measurement (a
+        profile from before it, or written by hand) the training forward scaled by rows over the
+        microbatch's (the profile's, else ``microbatch_rows``, the run's), an estimate: on one CPU
+        thread (gpt-micro, microbatch 4 x 64) a forward without gradient of 8 rows took 1.7x a
+        training forward of 4, where the estimate charges 2x, and one of 1 row 0.4x, where it
+        charges 0.25x."""
+        measured = self.meta.get("signal_rows")
+        if self.signal and measured:
+            return [c * rows / measured for c in self.signal]
+        per = self.meta.get("microbatch_size") or microbatch_rows
+        if not per:
+            raise ValueError("the cost profile says neither its signal's nor its microbatch's rows: measure it again")
+        return [f * rows / per for f in self.forward]
+
     def held_factor(self, stage: int, kind: str, held: float) -> float:
         """An action's cost with ``held`` microbatches in flight at its stage over its cost with
         one (its own): ``held``'s table interpolated linearly, flat beyond its last depth; 1
@@ -161,9 +191,13 @@ class CostProfile:
                          and all(len(r) == len(held["depths"]) for r in held["forward"] + held["backward"])):
             raise ValueError(f"cost profile {path}: its in-flight table (held) is not depths from 1 and a row of "
                              f"factors per depth for every stage: measure it again")
+        signal = d.get("signal", [])
+        if signal and (len(signal) != len(d["forward"]) or not d.get("meta", {}).get("signal_rows")):
+            raise ValueError(f"cost profile {path}: its held-out signal's costs (signal) are not one per stage with "
+                             f"their rows (meta.signal_rows): measure it again")
         return cls(d["forward"], d["backward"], d["update"], d.get("act_bytes", 0.0), d.get("meta", {}),
                    d.get("copy", []), d.get("predict", []), d.get("memory", {}), d.get("input", []), d.get("weight", []),
-                   d.get("link", {}), d.get("accumulate", []), d.get("data", []), held)
+                   d.get("link", {}), d.get("accumulate", []), d.get("data", []), held, signal)
 
 
 @dataclass
@@ -220,10 +254,13 @@ def allreduce_times(model: AllReduceModel | None, grad_bytes: list[float]) -> li
 
 class PipelineClock:
     """Start and end time of every action, from its cost and its dependencies; ``allreduce``: per
-    stage, the seconds of the all-reduce before each of its updates (None: one replica)."""
+    stage, the seconds of the all-reduce before each of its updates (None: one replica);
+    ``signal``: per stage, the seconds of the held-out signal's forward after each of its updates
+    (None: no signal)."""
 
     def __init__(self, stages: int, link: LinkModel | None = None, act_bytes: float = 0.0, barrier: bool = True,
-                 stage_device: list[int] | None = None, allreduce: list[float] | None = None):
+                 stage_device: list[int] | None = None, allreduce: list[float] | None = None,
+                 signal: list[float] | None = None):
         # stage_device: the device of each (virtual) stage, when a device holds several (interleaved);
         # ``free`` and ``busy`` are per device, and the stage indices of actions are virtual
         self.device = stage_device or list(range(stages))
@@ -231,6 +268,8 @@ class PipelineClock:
         self.barrier = barrier  # a sync update starts when every stage has reached it (ScheduleSpec.barrier)
         self.allreduce = list(allreduce) if allreduce else [0.0] * self.p  # per (virtual) stage
         self.last_allreduce: tuple[float, float] | None = None  # (start, end) of the last update's all-reduce
+        self.signal = list(signal) if signal else None  # per (virtual) stage
+        self.last_signal: tuple[float, float] | None = None  # (start, end) of the last update's signal forward
         link = link or LinkModel()
         self.link_time = link.time(act_bytes)
         self.collective_time = (stages - 1) * link.latency  # (stages: the devices, ranks of the all-gather)
@@ -278,7 +317,20 @@ class PipelineClock:
                 self._arrivals.pop(a.step, None)
         self.free[dev] = end
         self.busy[dev] += cost
+        if a.kind == UPDATE:
+            self.last_signal = None
+            if self.signal and self.signal[stage] > 0:
+                self.last_signal = (end, end + self.signal[stage])
+                self.occupy(stage, self.signal[stage])
         return start, end
+
+    def occupy(self, stage: int, seconds: float) -> None:
+        """Keep ``stage``'s device computing ``seconds`` more from where it is free (the held-out
+        signal's forward after an update: charged here from the profile, or by the local runtime
+        as measured)."""
+        dev = self.device[stage]
+        self.free[dev] += seconds
+        self.busy[dev] += seconds
 
     def now(self) -> float:
         return max(self.free)

@@ -16,16 +16,18 @@ from ..runtime.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..schedules.interleaved import DevicePicks
 from ..schedules.ledger import Ledger
-from .clock import ALLREDUCE, CostProfile, LinkModel, PipelineClock
+from .clock import ALLREDUCE, SIGNAL, CostProfile, LinkModel, PipelineClock
 
 
 class Replay:
     """Every stage's program of ``plan`` under ``spec``, timed from ``profile``; ``record`` keeps
     the timeline (stage, kind, mb, step, start, end) of every action but evaluations (and of the
-    all-reduce before each update, ``allreduce`` seconds per stage, with replicas)."""
+    all-reduce before each update, ``allreduce`` seconds per stage, with replicas, and of the
+    held-out signal's forward after it, ``signal`` seconds per stage, with a signal)."""
 
     def __init__(self, spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None,
-                 mitigations=(), record: bool = False, allreduce: list[float] | None = None):
+                 mitigations=(), record: bool = False, allreduce: list[float] | None = None,
+                 signal: list[float] | None = None):
         p = spec.virtual_stages  # (interleaved: every virtual stage's program, on its device's clock)
         if profile.stages != p:
             raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
@@ -35,7 +37,7 @@ class Replay:
         self.programs = [StageProgram(s, spec, plan) for s in range(p)]
         self.picks = DevicePicks(spec, plan)
         self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
-                                   [spec.device_of(s) for s in range(p)], allreduce=allreduce)
+                                   [spec.device_of(s) for s in range(p)], allreduce=allreduce, signal=signal)
         self.ledgers = [Ledger(s, predict="predict" in self.mit, keep_before=bool(self.mit & {"predict", "nesterov"}),
                                nbytes=profile.stage_bytes(s), reads_data=s in (0, p - 1),
                                microbatches=spec.microbatches) for s in range(p)]
@@ -45,6 +47,7 @@ class Replay:
         self.b_done: set[tuple[int, int]] = set()
         self.extra: dict[int, float] = {}  # step -> seconds of extra work (copies, predictions, recomputes)
         self.toll: dict[int, float] = {}  # step -> seconds of the in-flight toll (CostProfile.held_factor)
+        self.signal: dict[int, float] = {}  # step -> seconds of the held-out signal's forwards after its updates
         self.timeline: list = []
 
     def ready(self, s: int, a: Action) -> bool:
@@ -80,6 +83,11 @@ class Replay:
             self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))
         if self.record and kind != EVAL:
             self.timeline.append((self.spec.device_of(s), kind, a.mb, a.step, start, end))
+        if kind == UPDATE and self.clock.last_signal:
+            s0, s1 = self.clock.last_signal
+            self.signal[a.step] = self.signal.get(a.step, 0.0) + s1 - s0
+            if self.record:
+                self.timeline.append((self.spec.device_of(s), SIGNAL, -1, a.step, s0, s1))
         woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)
         if kind == FORWARD:
             self.f_done.discard((s - 1, a.mb))
@@ -116,7 +124,7 @@ class Replay:
     def state_dict(self) -> dict:
         return {"popped": [prog.popped for prog in self.programs], "clock": self.clock.state_dict(),
                 "ledgers": [copy.deepcopy(led.state_dict()) for led in self.ledgers],
-                "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra", "toll")})}
+                "rest": copy.deepcopy({k: getattr(self, k) for k in ("updated", "arrived", "f_done", "b_done", "extra", "toll", "signal")})}
 
     def load_state_dict(self, state: dict) -> None:
         """Go back to ``state``; the plan must hold the phases decided when it was taken."""

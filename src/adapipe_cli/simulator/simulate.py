@@ -52,14 +52,15 @@ class SimResult:
 
 def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None, record: bool = True,
              mitigations: tuple[str, ...] | list[str] = (), allreduce: AllReduceModel | None = None,
-             grad_bytes: list[float] | None = None) -> SimResult:
+             grad_bytes: list[float] | None = None, signal: list[float] | None = None) -> SimResult:
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
     (``schedule.mitigation``) change the buffers held and the work done; ``allreduce``: the
     pipeline's replicas and their all-reduce, over ``grad_bytes`` per (virtual) stage (None: the
-    profile's parameter bytes)."""
+    profile's parameter bytes); ``signal``: per stage, the held-out signal's forward after each
+    update (AdaPipe's heuristics that follow the held-out loss; None: none)."""
     p, devices = spec.virtual_stages, spec.stages  # (p: stages, virtual with interleaving, as in the local runtime)
     ar = allreduce_times(allreduce, grad_bytes or [profile.stage_bytes(s).params for s in range(p)])
-    rep = Replay(spec, plan, profile, link, mitigations, record=record, allreduce=ar)
+    rep = Replay(spec, plan, profile, link, mitigations, record=record, allreduce=ar, signal=signal)
     rep.run_all()
     clock, ledgers, extra, timeline = rep.clock, rep.ledgers, rep.extra, rep.timeline
     n = len(clock.update_end)
@@ -70,10 +71,11 @@ def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkMod
     split = spec.sync in SPLIT_SCHEDULES and all(ph == SYNC for ph in plan.phases[:n])
     back = [profile.input[s] + profile.weight[s] if split else profile.backward[s] for s in range(p)]
     work = sum(spec.microbatches * (profile.forward[s] + back[s]) + profile.update[s] for s in range(p))
-    # the extra work (copies, predictions, recomputed forwards) and the in-flight toll are busy
-    # time, not bubble: their mean per step over the steps the steady step time spans
+    # the extra work (copies, predictions, recomputed forwards), the in-flight toll and the held-out
+    # signal are busy time, not bubble: their mean per step over the steps the steady step time spans
     window = _steady_window(n, skip)
-    busy_extra = sum(extra.get(t, 0.0) + rep.toll.get(t, 0.0) for t in window) / len(window) if window else 0.0
+    busy_extra = (sum(extra.get(t, 0.0) + rep.toll.get(t, 0.0) + rep.signal.get(t, 0.0) for t in window) / len(window)
+                  if window else 0.0)
     bubble = 1.0 - (work + busy_extra) / (devices * step_time) if step_time > 0 else 0.0
     busy = clock.busy
     return SimResult(
@@ -123,16 +125,18 @@ def _steady_step_time(ends: list[float], skip: int) -> float:
 
 def steady_step_times(spec: ScheduleSpec, profile: CostProfile, link: LinkModel | None = None,
                       mitigations: tuple[str, ...] | list[str] = (),
-                      allreduce: AllReduceModel | None = None) -> tuple[float, float, float]:
+                      allreduce: AllReduceModel | None = None,
+                      signal: list[float] | None = None) -> tuple[float, float, float]:
     """(sync step time, async step time, cost of one switch) predicted for ``spec`` with
-    ``profile``. The switch cost is half the extra time of a round trip async -> sync -> async
-    (a drain and a fill) over what its steps cost in their steady states."""
+    ``profile`` (and ``signal``, :func:`simulate`'s, paid by both phases). The switch cost is half
+    the extra time of a round trip async -> sync -> async (a drain and a fill) over what its steps
+    cost in their steady states."""
     from ..schedules import ASYNC
 
     k = 2 * (lookahead(spec.stages, spec.microbatches, spec.chunks) + 2)
     n = 3 * k
     sim = lambda phases: simulate(spec, Plan(n, phases), profile, link, record=False, mitigations=mitigations,  # noqa: E731
-                                  allreduce=allreduce)
+                                  allreduce=allreduce, signal=signal)
     sync = sim([SYNC] * n)
     asyn = sim([ASYNC] * n)
     trip = sim([ASYNC] * k + [SYNC] * k + [ASYNC] * k)

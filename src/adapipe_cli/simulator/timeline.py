@@ -28,7 +28,7 @@ from matplotlib.colors import to_rgba  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
 from ..schedules import BACKWARD, FORWARD, INPUT, UPDATE, WEIGHT  # noqa: E402
-from .clock import ALLREDUCE  # noqa: E402
+from .clock import ALLREDUCE, SIGNAL  # noqa: E402
 
 WORK = (FORWARD, BACKWARD, INPUT, WEIGHT)  # drawn as labelled boxes (I like B, W hatched)
 
@@ -89,6 +89,7 @@ def _legend() -> list[Patch]:
     return [Patch(facecolor=pal[1], label="F (light)"), Patch(facecolor=pal[0], label="B or I (dark)"),
             Patch(facecolor=pal[0], hatch="///", edgecolor="white", label="W (hatched)"),
             Patch(facecolor=BLACK, label="U (a line if free)"), Patch(facecolor="white", edgecolor=GREY, hatch="xxx", label="A (all-reduce)"),
+            Patch(facecolor=GREY, label="S (held-out signal)"),
             Patch(facecolor="white", edgecolor="grey", label="idle")]
 
 
@@ -123,6 +124,10 @@ def _draw_boxes(ax, boxes: Sequence[Box]) -> None:
                  for s, kind, _mb, _step, a, b in boxes if kind == ALLREDUCE and b > a]
     if allreduce:  # white, cross-hatched: unlike any microbatch's colour
         ax.add_collection(PolyCollection(allreduce, facecolors="white", edgecolors=GREY, hatch="xxx", linewidths=0.6))
+    signal = [[(a, s - ROW / 2), (a, s + ROW / 2), (b, s + ROW / 2), (b, s - ROW / 2)]
+              for s, kind, _mb, _step, a, b in boxes if kind == SIGNAL and b > a]
+    if signal:  # the held-out signal's forward after an update: solid grey
+        ax.add_collection(PolyCollection(signal, facecolors=GREY, edgecolors="white", linewidths=0.4))
     ax.add_collection(LineCollection(instants, colors=BLACK, linewidths=1.0, zorder=3))
     _labels(ax, boxes)
 
@@ -149,8 +154,8 @@ def _draw_raster(ax, boxes: Sequence[Box], stages: int, span: float, columns: in
     """Each stage's row as ``columns`` pixels: the colour of the action at the pixel's centre."""
     pal = np.array(_palette())
     stage, kind, mb, _step, start, end = (np.asarray(c) for c in zip(*boxes))
-    kind = np.select([kind == FORWARD, np.isin(kind, (BACKWARD, INPUT, WEIGHT)), kind == UPDATE, kind == ALLREDUCE],
-                     [0, 1, 2, 3], 4)
+    kind = np.select([kind == FORWARD, np.isin(kind, (BACKWARD, INPUT, WEIGHT)), kind == UPDATE,
+                      np.isin(kind, (ALLREDUCE, SIGNAL))], [0, 1, 2, 3], 4)  # (A and S both grey here)
     order = np.argsort(stage, kind="stable")  # by stage, each stage's actions in the order they ran
     bounds = np.searchsorted(stage[order], np.arange(stages + 1))
     img = np.ones((stages, columns, 4))

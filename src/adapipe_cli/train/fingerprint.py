@@ -53,8 +53,8 @@ def data_fingerprints(data) -> dict[str, str]:
 
 # cost entries added after profiles were first fingerprinted: all zero or empty (a profile
 # measured before them) they change no number, and leaving them out keeps such a profile's old
-# fingerprint (``held``, the in-flight table: empty)
-LATER_ENTRIES = ("accumulate", "data", "held")
+# fingerprint (``held``, the in-flight table, and ``signal``, the held-out signal's costs: empty)
+LATER_ENTRIES = ("accumulate", "data", "held", "signal")
 
 
 def _all_zero(v) -> bool:
@@ -66,7 +66,7 @@ def _all_zero(v) -> bool:
 def profile_fingerprint(profile) -> str:
     """SHA-256 of a cost profile's numbers (every field but ``meta`` and ``link``, which has its own:
     :func:`link_fingerprint`; and the later entries ``accumulate`` and ``data`` where they are all
-    zero, and ``held`` where it is empty, as in a profile measured before them, so that its runs'
+    zero, and ``held`` and ``signal`` where they are empty, as in a profile measured before them, so that its runs'
     checkpoints still resume)."""
     numbers = {k: v for k, v in asdict(profile).items()
                if k not in ("meta", "link") and not (k in LATER_ENTRIES and _all_zero(v))}

@@ -133,7 +133,7 @@ class Trainer(RunSetup, RunStates, Rollback):
         prev = st.time_s
         st.tokens, st.time_s, st.steps = st.tokens + self.tokens_per_step, time_s, step + 1
         st.step_time[step + 1] = time_s
-        signal = self.runtime.evaluate(self.signal) if self.signal else res.loss
+        signal = self.runtime.evaluate(self.signal, signal=True) if self.signal else res.loss
         self.heuristic.observe(Observation(step, res.phase, signal, time_s, time_s - prev, res.staleness_mean))
         if step + self.lag < self.cfg.train.max_steps:
             self._decide(step + self.lag)

@@ -95,7 +95,8 @@ class RunSetup:
             self.runtime = self._dist_runtime()
         try:
             sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link,
-                                                          list(cfg.schedule.mitigation), self.allreduce)
+                                                          list(cfg.schedule.mitigation), self.allreduce,
+                                                          self.signal_costs())
             self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
                                lr_warmup=cfg.optim.warmup_steps,
                                extra={"optimizer": cfg.optim.name, "open_ended": bool(t.stop_at_target and t.target_ppl)})
@@ -130,6 +131,11 @@ class RunSetup:
     def signal_rows(self) -> int:
         return max(1, self.cfg.heuristic.signal_tokens // self.cfg.model.block_size)
 
+    def signal_costs(self) -> list[float] | None:
+        """Per stage, the held-out signal's forward that the clock charges after each update (the
+        heuristic's own work: on the clock), from the run's profile; None without a signal."""
+        return self.profile.signal_costs(self.signal_rows(), self.micro) if self.signal else None
+
     def _local_runtime(self) -> Runtime:
         """Every stage in this process, on ``pipeline.device``; the profile measured here."""
         cfg, p, t = self.cfg, self.cfg.pipeline, self.cfg.train
@@ -146,7 +152,8 @@ class RunSetup:
             self.stages, self.optimizers, self.choice.spec, self.plan, policy, self.batches,
             self.profile if self.clock == "profiled" else None, self.link, cfg.optim.grad_clip, cfg.seed,
             cfg.model.tie_embeddings, p.order, self.eval_at, self.val,
-            precision=t.precision, device=self.device, replicas=self._replicas(policy), allreduce=self.allreduce)
+            precision=t.precision, device=self.device, replicas=self._replicas(policy), allreduce=self.allreduce,
+            signal=self.signal_costs())
 
     def _replicas(self, policy) -> list[Replica]:
         """Replicas 1 .. R-1 of the pipeline (``pipeline.replicas``): stages built from the same

@@ -83,3 +83,30 @@ def test_fixed_plan_through_train(make_cfg, tmp_path):
     s = train(make_cfg("schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,5],[async,null]]",
                        "pipeline.stages=2", "pipeline.microbatches=2"), tmp_path)
     assert s["phases"]["sync"]["steps"] == 5 and s["phases"]["async"]["steps"] == 7 and s["switches"] == 1
+
+
+def test_the_held_out_signal_is_charged_at_the_profiles_rows_or_scaled_with_a_warning(make_cfg, tmp_path, capsys):
+    """A run whose held-out signal has the rows the profile timed it at is charged that, silently;
+    one of another size is charged the cost scaled linearly, and one warning line says so. The
+    training loss as the signal costs nothing: that run is the fixed plan's clock exactly."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    base = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,null]]", "pipeline.stages=2",
+            "pipeline.microbatches=1", "train.max_steps=4", "train.eval_every=2"]
+    prof = CostProfile.uniform(2, forward=0.01, backward=0.02, update=0.001)
+    prof.signal, prof.meta = [0.005, 0.007], {"signal_rows": 4}
+    path = tmp_path / "p.json"
+    prof.save(path)
+    runs = {}
+    for name, extra in (("same", ["heuristic.signal_tokens=64"]), ("double", ["heuristic.signal_tokens=128"]),
+                        ("train", ["heuristic.signal=train"])):
+        cfg = make_cfg(*base, f"pipeline.profile={path}", *extra)
+        rows = cfg.heuristic.signal_tokens // cfg.model.block_size
+        capsys.readouterr()
+        runs[name] = (train(cfg, tmp_path / name)["time_s"], rows, capsys.readouterr().err)
+    (same, r1, err1), (double, r2, err2), (free, _, err3) = runs["same"], runs["double"], runs["train"]
+    assert r1 == 4 and r2 == 8
+    assert "held-out signal" not in err1 + err3
+    assert err2.count("timed the held-out signal's forward at 4 rows and this run's is 8") == 1
+    # its sync phase (ZB-H1) with one microbatch on 2 stages: each step after the first pays stage 0's share, as 1F1B (test_simulator)
+    assert same == pytest.approx(free + 3 * 0.005) and double == pytest.approx(free + 3 * 0.010)

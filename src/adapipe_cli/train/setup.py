@@ -8,6 +8,7 @@ before a worker starts or ``profile.json`` is written.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -87,6 +88,7 @@ class RunSetup:
         self.allreduce = AllReduceModel(p.replicas, p.dp_bandwidth, p.dp_latency_s)
         self.tokens_per_step = t.batch_size * cfg.model.block_size
         self.signal = self._signal_batch()
+        self._signal_warned = False
         # the local runtime's device (the dist runtime's workers place their own stages)
         self.device = resolve_device(p.device) if self.kind == "local" else torch.device("cpu")
         if self.kind == "local":
@@ -133,8 +135,19 @@ class RunSetup:
 
     def signal_costs(self) -> list[float] | None:
         """Per stage, the held-out signal's forward that the clock charges after each update (the
-        heuristic's own work: on the clock), from the run's profile; None without a signal."""
-        return self.profile.signal_costs(self.signal_rows(), self.micro) if self.signal else None
+        heuristic's own work: on the clock), from the run's profile; None without a signal. Where
+        the profile measured another number of rows it is scaled from them, which one warning
+        line says (a forward's cost is not proportional to its rows: on one CPU thread 1 row took
+        0.4x a 4-row training forward and 8 rows 1.7x)."""
+        if not self.signal:
+            return None
+        rows, measured = self.signal_rows(), self.profile.meta.get("signal_rows")
+        if self.profile.signal and measured != rows and not self._signal_warned:
+            self._signal_warned = True
+            print(f"adapipe: warning: the cost profile timed the held-out signal's forward at {measured} rows and "
+                  f"this run's is {rows} (heuristic.signal_tokens={self.cfg.heuristic.signal_tokens}): its cost is "
+                  f"scaled linearly, an estimate; measure a profile with this signal_tokens for its own", file=sys.stderr)
+        return self.profile.signal_costs(rows, self.micro)
 
     def _local_runtime(self) -> Runtime:
         """Every stage in this process, on ``pipeline.device``; the profile measured here."""

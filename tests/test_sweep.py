@@ -23,7 +23,7 @@ from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
-         "cpu-adamw": (2, 1, 6, 3), "cpu-muon": (2, 1, 5, 3), "gpu1": (2, 2, 3, 1)}
+         "cpu-adamw": (2, 1, 7, 3), "cpu-muon": (2, 1, 6, 3), "gpu1": (2, 2, 3, 1)}
 
 
 @pytest.mark.parametrize("name", list(GRIDS))
@@ -35,7 +35,8 @@ def test_shipped_grids_compose_into_their_cells(name):
     # named in full; the grids of make reproduce also have the strongest sync schedule, ZB-H1
     # and AdaPipe with heuristic=gain beside goodput
     # (and the AdamW grid gain with its losing probes of async undone)
-    zb = {"sync-zb", "adapipe-gain+predict"} if name in ("cpu-adamw", "cpu-muon") else set()
+    # (and gain following a 64-token held-out loss, on the clock, beside the training loss it follows by default)
+    zb = {"sync-zb", "adapipe-gain+predict", "adapipe-gain-heldout64+predict"} if name in ("cpu-adamw", "cpu-muon") else set()
     zb |= {"adapipe-gain-undo+predict"} if name == "cpu-adamw" else set()
     assert set(grid.methods) == {"sync", "pipedream+predict", "adapipe+predict"} | zb
     for c in cells:

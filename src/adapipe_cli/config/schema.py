@@ -171,10 +171,12 @@ class HeuristicConfig:
     # if async won it clearly, else the run goes back to its state before the probe (its time
     # stays on the clock), so a probe leaves no lasting damage
     undo_probes: bool = False
-    # the progress a heuristic measures: the loss on a fixed held-out set of signal_tokens tokens
-    # after every step (on the clock: each stage's share of its forward after the stage's update;
-    # on dist each worker runs it after its update), or the training loss (train: free)
-    signal: str = "heldout"
+    # the progress a heuristic measures: the training loss (train: free), or the loss on a fixed
+    # held-out set of signal_tokens tokens after every step (heldout: on the clock, each stage's
+    # share of its forward after the stage's update; on dist each worker runs it after its
+    # update). Default train since 2026-12-04: charged, the held-out signal cost AdaPipe more than
+    # it gained in every cell measured (README, "The held-out signal on the clock")
+    signal: str = "train"
     signal_tokens: int = 512
     # divergence guard
     guard: bool = True

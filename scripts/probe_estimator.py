@@ -99,7 +99,8 @@ def one_phase_runs(bench: Path, out: Path, seed: int, steps: int, model: str, mi
         if not m:
             continue
         base = cell_overrides(args, m[1], m[2], int(m[3]), int(m[4])) + [f"pipeline.profile={profile}", f"seed={seed}",
-                                                                        "schedule=adapipe", "heuristic=fixed", PREDICT]
+                                                                        "schedule=adapipe", "heuristic=fixed", PREDICT,
+                                                                        "heuristic.signal=heldout"]  # (logged: not the default since 2026-12-04)
         for phase in (SYNC, ASYNC):
             todo.append((str(out / cell / f"{phase}_s{seed}"), base + [f"heuristic.plan=[[{phase},null]]"]))
     if not todo:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from adapipe_cli.runtime.action_times import ActionTimes, action_table, in_run_profile, warm_steps
@@ -12,7 +14,11 @@ def test_warm_steps_leave_out_five_or_a_quarter():
     assert [warm_steps(n) for n in (0, 3, 4, 12, 20, 100)] == [0, 0, 1, 3, 5, 5]
 
 
-def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
+def test_the_table_is_the_window_between_the_first_kept_report_and_the_last(monkeypatch):
+    from adapipe_cli.runtime import action_times
+
+    walls = itertools.count(0.0, 10.0)  # (the snapshots' wall clock: 10 s a step)
+    monkeypatch.setattr(action_times.time, "perf_counter", lambda: next(walls))
     times = ActionTimes()
     waits = {"wait_peer": 0.0, "wait_driver": 0.0, "eval": 0.0, "save": 0.0, "signal": 0.0}
     times.add(1, "F", 9.0, 9.0, {})  # before the window: left out
@@ -39,7 +45,8 @@ def test_the_table_is_the_window_between_the_first_kept_report_and_the_last():
     assert b["kind"] == "B" and b["profiled_s"] == pytest.approx(0.8 + 0.02) and b["accumulate"] == 1
     (r,) = table["ranks"]
     assert r["rank"] == 1 and r["steps"] == 2 and r["wait_peer_s"] == pytest.approx(0.375)
-    assert r["signal_s"] == pytest.approx(0.375 / 2)  # the held-out signal's seconds per step, out of between_s
+    assert r["signal_s"] == pytest.approx(0.375 / 2)  # the held-out signal's seconds per step, out of between_s:
+    assert r["between_s"] == pytest.approx(10.0 - 2.5 - 0.375 / 2)  # wall - execute - signal (the rest 0)
 
 
 def test_no_window_no_table():

@@ -410,3 +410,17 @@ def test_a_resume_drops_a_retired_key_the_run_was_given(tmp_path):
     out = _resume_overrides([f"train.resume={run}", "train.max_steps=20"])
     assert out == ["schedule=adapipe", "heuristic=gain", "seed=3", f"train.resume={run.resolve()}", "train.max_steps=20",
                    f"hydra.run.dir={run.resolve()}"]
+
+
+def test_a_checkpoint_from_before_a_changed_default_is_refused_with_the_override_that_resumes_it():
+    """heuristic.signal's default became train on 2026-12-04: a checkpoint holding the old default
+    (heldout) differs from a run at the new one, and the line names the override that resumes it;
+    another value gets no hint."""
+    from adapipe_cli import checkpoint
+
+    now = {"heuristic": {"signal": "train"}}
+    assert checkpoint.config_differences({"heuristic": {"signal": "heldout"}}, now) == [
+        "heuristic.signal='heldout' in the checkpoint, 'train' now (the default until 2026-12-04: resume with "
+        "heuristic.signal=heldout)"]
+    assert checkpoint.config_differences({"heuristic": {"signal": "train"}}, {"heuristic": {"signal": "heldout"}}) == [
+        "heuristic.signal='train' in the checkpoint, 'heldout' now"]

@@ -90,7 +90,8 @@ def uniform_profile(tmp_path, stages: int, link: dict | None = None):
 
 ADAPIPE = ["schedule=adapipe", "heuristic=goodput", "pipeline.stages=2", "pipeline.microbatches=1", "optim.lr=3e-3",
            "heuristic.start=sync", "heuristic.sync_warmup=0", "heuristic.window=6", "heuristic.probe_steps=6", "heuristic.probe_every=12",
-           "train.max_steps=30", "train.eval_every=10", "pipeline.clock=profiled"]
+           "train.max_steps=30", "train.eval_every=10", "pipeline.clock=profiled",
+           "heuristic.signal=heldout"]  # (the held-out signal, on both clocks: not the default since 2026-12-04)
 
 
 @pytest.mark.slow  # a dist run of about 10 s

@@ -456,8 +456,9 @@ def test_the_signals_cost_is_measured_else_scaled_from_the_forward(tmp_path):
     assert CostProfile([1.0], [2.0], [0.1]).signal_costs(8, 2) == approx([4.0])  # (the run's microbatch rows)
     with pytest.raises(ValueError, match="microbatch"):
         CostProfile([1.0], [2.0], [0.1]).signal_costs(8)
-    for bad in ({"signal": [1.7]}, {"meta": {"microbatch_size": 4}}):
-        d = json.loads(path.read_text())
+    good = path.read_text()
+    for bad in ({"signal": [1.7]}, {"meta": {"microbatch_size": 4}}):  # a stage short; no rows
+        d = json.loads(good)
         d.update(bad)
         path.write_text(json.dumps(d))
         with pytest.raises(ValueError, match="signal"):

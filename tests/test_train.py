@@ -139,6 +139,8 @@ BAD = [
     (["heuristic=gain", "heuristic.drift_taper_kd=[-1,2]"], "heuristic.drift_taper_kd=[-1.0, 2.0]: give [from, to]"),
     (["heuristic=gain", "heuristic.prior_spread=0.5"], "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd"),
     (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
+    (["schedule=adapipe", "heuristic.signal=heldot"], "unknown heuristic.signal='heldot': use train or heldout"),
+    (["heuristic.signal_tokens=0"], "heuristic.signal_tokens=0: give a positive number"),
     (["optim.beta1=1.5"], "optim.beta1=1.5: give a value in [0, 1)"),
     (["optim.eps=-1"], "optim.eps=-1: give a value >= 0"),
     (["optim=muon", "optim.muon_momentum=-1"], "optim.muon_momentum=-1: give a value >= 0"),

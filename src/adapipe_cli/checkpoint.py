@@ -56,6 +56,9 @@ SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_late
          "heuristic.delay_drift": 0.37, "heuristic.delay_trend": 0.24, "heuristic.drift_taper_kd": [1.35, 3.15],
          "heuristic.prior_logit_sd": 1.0,
          "heuristic.probe_se": 0.5}
+# keys whose default changed: (the default before, since when); a checkpoint holding the old one
+# is refused with the override that resumes it
+CHANGED_DEFAULTS = {"heuristic.signal": ("heldout", "2026-12-04")}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}
@@ -272,7 +275,9 @@ def config_differences(saved: dict, current: dict, free: set[str] = FREE_KEYS) -
                 return
             a, b = (None if x is missing else x for x in (a, b))
             if a != b and prefix not in free:
-                out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now")
+                old = CHANGED_DEFAULTS.get(prefix)
+                hint = (f" (the default until {old[1]}: resume with {prefix}={a})" if old and a == old[0] else "")
+                out.append(f"{prefix}={a!r} in the checkpoint, {b!r} now{hint}")
             return
         for k in sorted(keys):
             walk(a.get(k, missing), b.get(k, missing), f"{prefix}.{k}" if prefix else k)

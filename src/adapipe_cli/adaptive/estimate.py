@@ -31,8 +31,8 @@ median E of 1.81 for probes of sync and 0.57 for probes of async (0.95 and 1.19 
 exponential). AdaPipe's own verdict at step 107 of one such run (depth 4, 8 microbatches, dev
 seed 3) read E = 2.11 from its signal before and 1.11 with the exponential.
 
-Correlated residuals: the heuristics follow a fixed held-out batch's loss, which wanders with the
-weights, so consecutive residuals are strongly correlated, and least squares' standard errors,
+Correlated residuals: the heuristics' held-out signal (a fixed batch's loss; the default until
+2026-12-04, now the training loss) wanders with the weights, so consecutive residuals are strongly correlated, and least squares' standard errors,
 which assume them independent, were several times too small: on that signal |E - 1| / se
 exceeded 2 in 58% of the A/A windows (68% with the linear trend). The variance is inflated by
 (1 + rho) / (1 - rho) (:func:`ar1_inflation`, the AR(1) factor for a slope; median 26, and rho

@@ -112,6 +112,7 @@ def prepare(cfg) -> Setup:
     spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec
     # AdaPipe follows its held-out loss after every step, as a run of this config would: on the clock
     signal = None
+    _need(cfg.heuristic.signal in ("train", "heldout"), f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
     if choice.phase is None and cfg.heuristic.signal == "heldout":
         rows = max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
         signal = profile.signal_costs(rows, microbatch_size(cfg))

@@ -244,7 +244,9 @@ class LocalRuntime:
         """Mean validation loss of the current weights (every stage holds the same version after
         ``run_step``). ``signal``: the heuristic's held-out signal, which is on the clock: with a
         profile the clock charged it after each update; with measured costs each stage's share is
-        charged here, as measured (every stage is at its update: ``run_step`` stops each there)."""
+        charged here, as measured (without chunks every stage is at its update, where ``run_step``
+        stops it; with chunks a device stops at its cut of the step, so the share comes after the
+        actions it ran past the update; the last stage's loss is not timed)."""
         total = 0.0
         charge = signal and self.profile is None
         for x, y in batches:

@@ -58,7 +58,7 @@ from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
 from adapipe_cli.runtime.device import usable_cores  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
-from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, virtual_stages  # noqa: E402
+from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signal_rows, virtual_stages  # noqa: E402
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.train.build import pick_sync  # noqa: E402
@@ -109,11 +109,10 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     table = json.loads((out / "summary.json").read_text())["action_times"]
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation, allreduce).spec  # (as the run picked)
     # AdaPipe's held-out signal after each update (its run evaluates it, heuristic=fixed too): on the clock
-    rows = max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
     held_out = schedule == "adapipe" and cfg.heuristic.signal == "heldout"
 
     def predict(costs: CostProfile) -> float:
-        signal = costs.signal_costs(rows, microbatch_size(cfg)) if held_out else None
+        signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
         sim = simulate(spec, plan, costs, link, record=False,
                        mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)
         return (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)

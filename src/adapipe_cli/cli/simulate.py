@@ -69,7 +69,8 @@ def prepare(cfg) -> Setup:
     """The spec, plan, costs and link of a simulation, or a one-line error (exit 2)."""
     from ..schedules import Plan, ScheduleError
     from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
-    from ..schedules.choice import microbatch_size, schedule_choice
+    from ..config.validate import SIGNALS
+    from ..schedules.choice import microbatch_size, schedule_choice, signal_rows
     from ..train.build import pick_sync
 
     p, s = cfg.pipeline, cfg.schedule
@@ -112,10 +113,9 @@ def prepare(cfg) -> Setup:
     spec = pick_sync(choice, profile, link, s.mitigation, allreduce).spec
     # AdaPipe follows its held-out loss after every step, as a run of this config would: on the clock
     signal = None
-    _need(cfg.heuristic.signal in ("train", "heldout"), f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
+    _need(cfg.heuristic.signal in SIGNALS, f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
     if choice.phase is None and cfg.heuristic.signal == "heldout":
-        rows = max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
-        signal = profile.signal_costs(rows, microbatch_size(cfg))
+        signal = profile.signal_costs(signal_rows(cfg), microbatch_size(cfg))
     return Setup(spec, Plan(steps, phases(cfg, steps)), profile, link, source, allreduce,
                  [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None, signal)
 

@@ -24,6 +24,7 @@ RUNTIMES = ("local", "dist", "auto")
 BACKENDS = ("auto", "gloo", "nccl")
 CLOCKS = ("auto", "profiled", "measured", "wall")
 PARTITIONS = ("flops", "params", "uniform")
+SIGNALS = ("train", "heldout")  # heuristic.signal
 
 
 class ConfigError(ValueError):
@@ -172,7 +173,7 @@ def _check_schedule(cfg) -> None:
     taper = cfg.heuristic.drift_taper_kd
     _need(taper is None or (len(taper) == 2 and all(math.isfinite(x) for x in taper) and 0 <= taper[0] < taper[1]),
           f"heuristic.drift_taper_kd={taper}: give [from, to], two k d values with 0 <= from < to, or null for no taper")
-    _need(cfg.heuristic.signal in ("train", "heldout"), f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
+    _need(cfg.heuristic.signal in SIGNALS, f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
     _need(cfg.heuristic.signal_tokens >= 1,
           f"heuristic.signal_tokens={cfg.heuristic.signal_tokens}: give a positive number (rounded down to whole sequences, at least one)")
     w = cfg.heuristic.sync_warmup

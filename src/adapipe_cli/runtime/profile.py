@@ -136,11 +136,11 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     rows, seq = tokens.shape
     x = tokens if st.first else _stage_input(tokens, st.cfg.d_model)
 
-    def forward_of(module: GPTStage) -> Callable[[], torch.Tensor]:
+    def forward_of(module: GPTStage, inp: torch.Tensor = x, tgt: torch.Tensor = targets) -> Callable[[], torch.Tensor]:
         def run():
             with autocast(tokens.device, precision):
-                out = module(x)
-            return lm_loss(out.float(), targets) if st.last else out
+                out = module(inp)
+            return lm_loss(out.float(), tgt) if st.last else out
         return run
 
     fwd = forward_of(st)
@@ -205,14 +205,7 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     if signal_rows:  # the held-out signal's forward: the microbatch's rows repeated to its size
         reps = -(-signal_rows // rows)
         sx = x.detach().repeat(reps, *[1] * (x.dim() - 1))[:signal_rows]
-        sy = targets.repeat(reps, 1)[:signal_rows]
-
-        @torch.no_grad()
-        def signal():
-            with autocast(tokens.device, precision):
-                out = st(sx)
-            return lm_loss(out.float(), sy) if st.last else out
-        work["signal"] = Work(signal)
+        work["signal"] = Work(torch.no_grad()(forward_of(st, sx, targets.repeat(reps, 1)[:signal_rows])))
     for d, pool in pools.items():  # d microbatches in flight, the timed one's included (``held``)
         work[("held_forward", d)] = Work(lambda q: q.append(held_fwd()), setup=lambda q=pool, d=d: keep(q, d - 1))
         work[("held_backward", d)] = Work(lambda y: torch.autograd.grad(y, held_inputs, grad, allow_unused=True),

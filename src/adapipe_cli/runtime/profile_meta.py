@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from ..optim import StageOptimizer
-from ..schedules.choice import virtual_stages
+from ..schedules.choice import signal_rows, virtual_stages
 from .device import resolve_device
 from .profile import measure_profile
 
@@ -57,4 +57,4 @@ def measure_stage_profile(cfg, stages, x: torch.Tensor, y: torch.Tensor, data=No
     return measure_profile(stages, lambda named: StageOptimizer(named, cfg.optim), x, y,
                            reps=cfg.pipeline.profile_reps, meta=profile_meta(cfg, int(x.shape[0])),
                            precision=cfg.train.precision, grad_clip=cfg.optim.grad_clip,
-                           signal_rows=max(1, cfg.heuristic.signal_tokens // cfg.model.block_size), **kw)
+                           signal_rows=signal_rows(cfg), **kw)

@@ -59,6 +59,12 @@ def microbatch_size(cfg) -> int:
     return cfg.train.batch_size // (cfg.pipeline.microbatches * cfg.pipeline.get("replicas", 1))
 
 
+def signal_rows(cfg) -> int:
+    """Sequences in AdaPipe's held-out signal: ``heuristic.signal_tokens`` over the sequence length,
+    at least one."""
+    return max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
+
+
 def update_barrier(cfg, sync: str) -> bool:
     """Whether a sync update waits for every stage: always, except ZB-H2's when there is no global
     norm to clip by and no tied embedding to sum (the zero-bubble paper drops the optimizer's

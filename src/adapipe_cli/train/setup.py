@@ -26,7 +26,7 @@ from ..runtime.local import LocalRuntime, Replica
 from ..runtime.profile_meta import measure_stage_profile, profile_meta, profile_mismatch
 from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
-from ..schedules.choice import chunks, make_policy, microbatch_size, schedule_choice, virtual_stages
+from ..schedules.choice import chunks, make_policy, microbatch_size, schedule_choice, signal_rows, virtual_stages
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
@@ -121,17 +121,14 @@ class RunSetup:
         """The held-out batch whose loss the heuristic follows as its progress signal (None: the
         training loss). Training-batch losses vary with the batch far more than they fall in a few
         steps; a fixed batch's loss moves only with the weights."""
-        h = self.cfg.heuristic
-        if self.choice.phase is not None or h.signal == "train":
+        if self.choice.phase is not None or self.cfg.heuristic.signal == "train":  # (validated: train or heldout)
             return None
-        if h.signal != "heldout":
-            raise ConfigError(f"unknown heuristic.signal={h.signal!r}: use heldout or train")
         x, y = self.data.val_batches(self.signal_rows())[0]
         device = resolve_device(self.cfg.pipeline.device) if self.kind == "local" else torch.device("cpu")
         return [(x.to(device), y.to(device))]
 
     def signal_rows(self) -> int:
-        return max(1, self.cfg.heuristic.signal_tokens // self.cfg.model.block_size)
+        return signal_rows(self.cfg)
 
     def signal_costs(self) -> list[float] | None:
         """Per stage, the held-out signal's forward that the clock charges after each update (the

@@ -64,6 +64,7 @@ class Rates:
     diff_se: float  # standard error of async_ - sync
     n: int
     jumps: tuple[float, ...] = ()  # loss jump at each phase change in the window, in order
+    jump_ses: tuple[float, ...] = ()  # the standard error of each jump
     inflation: float = 1.0  # the factor the variance was inflated by for correlated residuals
 
     @property
@@ -125,7 +126,8 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
         return None
     var_diff = cov[2, 2] + cov[1, 1] - 2 * cov[1, 2]
     return Rates(sync=coef[1] / span, async_=coef[2] / span, diff_se=float(np.sqrt(max(var_diff, 0.0))) / span, n=n,
-                 jumps=tuple(float(c) for c in coef[3:]), inflation=inflation)
+                 jumps=tuple(float(c) for c in coef[3:]),
+                 jump_ses=tuple(float(np.sqrt(max(cov[k, k], 0.0))) for k in range(3, len(coef))), inflation=inflation)
 
 
 RHO_CAP = 0.95  # the largest lag-1 autocorrelation ar1_inflation believes (an inflation of 39)

@@ -49,9 +49,10 @@ TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=
                 "heuristic.sync_warmup=0", "heuristic.window=10", "heuristic.probe_steps=10", "heuristic.probe_every=40",
                 "train.max_steps=120", "train.eval_every=10", "train.target_ppl=6",
                 "train.stop_at_target=true",  # (at step 80: the switches and the phases' shares are decided by then)
-                # the held-out loss, of one row (its forward, on the clock, an eighth of a microbatch's): with
-                # the training loss, the default, gain's one probe here is too noisy to adopt async (E x R = 3.6,
-                # sd 1.4) and it keeps sync
+                # the held-out loss, of one row (its forward, on the clock, an eighth of a microbatch's), so the
+                # charged signal is exercised (with the training loss, the default, gain adopts async too, at
+                # step 61: E x R = 3.6, sd 1.4; before its switch costs counted only jumps beyond their noise,
+                # that probe's noisy jumps kept it in sync)
                 "heuristic.signal=heldout", "heuristic.signal_tokens=16"]
 
 

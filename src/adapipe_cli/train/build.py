@@ -20,6 +20,15 @@ def make_heuristic(cfg, choice: ScheduleChoice, ctx: Context) -> Heuristic:
     return build_heuristic(cfg.heuristic, ctx)
 
 
+def heuristic_context(cfg, sync_t: float, async_t: float, switch_t: float) -> Context:
+    """What a run's heuristic knows before it starts: the pipeline's shape, the budget, the
+    decision lag and the predicted steady step times of the two phases and of a switch."""
+    p, t = cfg.pipeline, cfg.train
+    return Context(p.stages, p.microbatches, t.max_steps, decision_lag(cfg) - 1, sync_t, async_t, switch_t,
+                   lr_warmup=cfg.optim.warmup_steps,
+                   extra={"optimizer": cfg.optim.name, "open_ended": bool(t.stop_at_target and t.target_ppl)})
+
+
 def pick_sync(choice: ScheduleChoice, profile, link, mitigations, allreduce=None) -> ScheduleChoice:
     """``schedule.sync=auto``: ``choice`` with the sync schedule of :data:`AUTO_SYNC` whose steady
     step the simulator predicts fastest on ``profile`` (1F1B on a tie: no split backward); any other

@@ -15,7 +15,6 @@ import torch
 from omegaconf import OmegaConf
 
 from .. import checkpoint
-from ..adaptive.base import Context
 from ..config.validate import ConfigError, validate
 from ..data import build_data
 from ..data.batches import Batches
@@ -99,9 +98,7 @@ class RunSetup:
             sync_t, async_t, switch_t = steady_step_times(self.choice.spec, self.profile, self.link,
                                                           list(cfg.schedule.mitigation), self.allreduce,
                                                           self.signal_costs())
-            self.ctx = Context(p.stages, p.microbatches, t.max_steps, self.lag - 1, sync_t, async_t, switch_t,
-                               lr_warmup=cfg.optim.warmup_steps,
-                               extra={"optimizer": cfg.optim.name, "open_ended": bool(t.stop_at_target and t.target_ppl)})
+            self.ctx = build.heuristic_context(cfg, sync_t, async_t, switch_t)
             try:
                 self.heuristic = build.make_heuristic(cfg, self.choice, self.ctx)
             except ValueError as e:  # a heuristic's own keys (heuristic.start, a user-written one's options)

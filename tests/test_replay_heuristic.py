@@ -1,0 +1,79 @@
+"""scripts/replay_heuristic.py: a finished run's observations, fed back through its heuristic, make
+the run's decisions again; a changed setting shows where they would part."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from adapipe_cli.simulator.clock import CostProfile
+from adapipe_cli.train.loop import train
+from tests._scripts import load_script
+from tests.test_adapipe import TINY_ADAPIPE
+
+replay_heuristic = load_script("replay_heuristic")
+
+
+def hydra_run(make_cfg, run, *overrides):
+    """A run as ``adapipe train`` writes it, its config in .hydra/config.yaml (Hydra's)."""
+    cfg = make_cfg(*overrides)
+    summary = train(cfg, run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    return summary
+
+
+@pytest.fixture(scope="module")
+def gain_run(tmp_path_factory):
+    from adapipe_cli.cli.compose import compose_config
+    from tests.conftest import TINY
+
+    tmp = tmp_path_factory.mktemp("replay")
+    profile = tmp / "uniform.json"  # a fixed clock: the run does not depend on this machine's load
+    CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
+    run = tmp / "run"
+    summary = hydra_run(lambda *o: compose_config([*TINY, *o]), run, *TINY_ADAPIPE, "heuristic=gain",
+                        f"pipeline.profile={profile}")
+    return run, summary
+
+
+def test_a_replay_makes_every_decision_of_the_run(gain_run):
+    run, summary = gain_run
+    assert summary["switches"] >= 2  # (a probe at least: decisions that depend on what was observed)
+    r = replay_heuristic.replay(run)
+    assert r["divergence"] is None and r["steps"] == summary["steps"]
+
+
+def test_a_changed_setting_diverges_where_its_first_decision_differs(gain_run):
+    run, _ = gain_run
+    r = replay_heuristic.replay(run, ["heuristic.start=async"])  # the run started in sync
+    assert (r["divergence"], r["run_phase"], r["replay_phase"]) == (0, "sync", "async")
+    # a later difference: the run's first switch is a probe decided from the first window; a
+    # window twice as long puts the first probe later, so the replay parts from the run there
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    first = next(x["step"] for x in steps if x.get("event") == "switch")
+    r = replay_heuristic.replay(run, ["heuristic.window=20"])
+    assert r["divergence"] == first and r["run_phase"] == "async" and r["replay_phase"] == "sync"
+
+
+def test_what_cannot_be_replayed_is_said(make_cfg, tmp_path, gain_run, capsys):
+    fixed = tmp_path / "fixed"
+    hydra_run(make_cfg, fixed, "schedule=1f1b")
+    assert replay_heuristic.replay(fixed)["skipped"] == "a fixed schedule (no heuristic)"
+    bare = tmp_path / "bare"
+    train(make_cfg("schedule=adapipe"), bare)  # not written by Hydra: no config beside it
+    assert "no .hydra/config.yaml" in replay_heuristic.replay(bare)["skipped"]
+    with pytest.raises(SystemExit, match="only the heuristic's own settings"):
+        replay_heuristic.replay(gain_run[0], ["heuristic.signal=train"])
+    with pytest.raises(SystemExit, match="only the heuristic's own settings"):
+        replay_heuristic.replay(gain_run[0], ["train.max_steps=10"])
+    assert replay_heuristic.main([str(tmp_path / "nowhere")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    out = tmp_path / "replays.json"
+    assert replay_heuristic.main([str(gain_run[0]), str(fixed), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].endswith(f"the same decisions at all {gain_run[1]['steps']} steps")
+    assert "not replayed: a fixed schedule" in printed[1]
+    assert [r.get("divergence", "skipped") for r in json.loads(out.read_text())] == [None, "skipped"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -665,6 +666,7 @@ def test_gain_prices_the_first_probe_as_noisy_as_probe_se():
     R = h.R()
     g, sd = h.E * R, math.sqrt(h.var) * R
     h.probes.append((100, g, 0.0))  # a probe that measured E exactly: the next is priced as exact
+    h.noises.append(0.0)
     assert h.worth_probing(100, 130, g, sd, R, "async", {}) < 10 * first[0.5]
 
 
@@ -874,17 +876,46 @@ def test_gain_trend_has_the_drift_as_its_prior():
 
 def test_gain_a_useless_probe_does_not_bring_the_next_one_forward():
     """From async believed ahead (G = 1.27 +- 0.2 at R = 1.92, no expected rise), a useless probe
-    (se 3477, as in the AdamW grid's depth 4) before a good one changes neither the belief's mean
+    (se 3477, as in the AdamW grid's depth 4) beside a good one changes neither the belief's mean
     nor its spread: the next probe comes when it would after the good probe alone (step 953;
-    before the slope's prior, at once: 523). After a useless probe the next one is priced as noisy
-    as it, so it is never worth its cost (before the prior: 30 steps on, 553)."""
-    def next_after(probes):
+    before the slope's prior, at once: 523). The next probe is priced as noisy as the lower median
+    of the last three probes: one useless probe does not stop the probing (until 2026-12-04, priced
+    as noisy as the last probe alone, it did: no more probes), two of the last three do."""
+    def next_after(probes, noises=None):
         h = heuristic("gain", start="async", delay_trend=0.0)
         h.probes = list(probes)
+        h.noises = [p[2] for p in probes] if noises is None else list(noises)
         return h.worth_probing(493, 523, 1.27, 0.2, 1.92, "async", {"sync": 1.0, "async": 0.52})
 
     good, useless = (399, 1.948, 0.858), (300, -7787.0, 3477.0)
     alone = next_after([good])
-    assert alone > 523
+    assert 523 < alone < 10_000
     assert next_after([useless, good]) == alone
-    assert next_after([good, useless]) == 10_000  # max_steps: no more probes
+    assert next_after([good, useless]) == alone  # (the same probes: only the order of the noises differs)
+    assert next_after([good, useless], [0.858, 3477.0, 3477.0]) == 10_000  # max_steps: no more probes
+    # a window without measurable sync progress counts as infinitely noisy
+    assert next_after([good], [0.858, math.inf]) == alone
+    assert next_after([good], [0.858, math.inf, math.inf]) == 10_000
+    # until a window has measured something, a probe is as noisy as heuristic.probe_se says
+    assert next_after([], [math.inf, math.inf]) == next_after([], [])
+
+
+def test_gain_counts_a_window_without_measurable_sync_progress_as_a_useless_probe():
+    """A probe of sync whose window shows sync's loss rising gives no estimate of E: the verdict
+    says so, keeps the current phase and belief, and records the window as infinitely noisy."""
+    h = heuristic("gain", start="async")
+    rng = np.random.default_rng(0)
+    window, loss = [], 3.0
+    for i in range(80):
+        phase = "sync" if 30 <= i < 55 else "async"
+        loss += 0.002 if phase == "sync" else -0.01
+        window.append(Observation(i, phase, loss + 0.0005 * rng.normal(), i * 0.5, 0.5, 0.0))
+    E = h.E
+    winner, reason, _, _ = h.judge(window, "async", "sync")
+    assert (winner, reason) == ("async", "no measurable sync progress in the window")
+    assert h.noises == [math.inf] and h.probes == [] and h.E == E
+    state = h.state_dict()
+    assert state["noises"] == [None]  # (JSON has no infinity)
+    twin = heuristic("gain", start="async")
+    twin.load_state_dict(json.loads(json.dumps(state)))
+    assert twin.noises == [math.inf]

@@ -98,6 +98,14 @@ revealed E exactly, while the A/A test of the estimator on the heuristics' own s
 depth 4, docs/results/estimator/signal/) gives a probe's E a standard error of 0.49 at the median
 of 62 windows (0.62 for the 16 at step 50, the first probe's place): wider than the calibrated
 prior at 8 microbatches, so that a first probe there can change little.
+After that, n is the lower median of the last three probes' standard errors (since 2026-12-04;
+before, the last probe's), a window where sync's progress could not be measured counting as
+infinitely noisy (it gives no estimate of E; before, it was passed over). So one useless probe
+neither stops the probing (a standard error of 1813 in E, the AdamW grid's depth 4, seed 0, used
+to price every later probe at nothing) nor leaves it as it was: two of the last three do. On the
+training loss late in a run such windows came one after another (Muon depth 8, held-out seed 3:
+three probes of sync in a row, 123 steps apart, each without measurable sync progress); until a
+probe has measured anything, n stays ``heuristic.probe_se`` x R.
 
 over the time left, ``V(t) = EI(t) x H(t) x step time of the current phase``, H(t) the steps left
 (to ``max_steps``; in a run that stops at a target, whose end is unknown, as many as have passed,
@@ -179,6 +187,7 @@ class Gain(Prober):
         first = self.next_probe  # the warm-up and one window (Prober's)
         self.belief_step = max(1, first)
         self.probes: list[tuple[int, float, float]] = []  # (step, G of the probe, its standard error)
+        self.noises: list[float] = []  # each probe window's standard error in G (inf: sync's progress not measurable)
         self.switch_steps = 0.0  # the loss jumps of the last probe's switches, in sync steps of progress
         R = self.R()
         self.next_probe = self.worth_probing(first, first, R * self.E, math.sqrt(self.var) * R, R, self.current, {})
@@ -209,11 +218,13 @@ class Gain(Prober):
                           transients=True, settle=self.settle)
         R = self.R(window)
         if rates is None or rates.sync <= 0:
+            self.noises.append(math.inf)  # (no estimate of E: as noisy as can be)
             return current, "no measurable sync progress in the window", {"R": R, "E": self.E}, UNCLEAR
         step = window[-1].step
         e_hat, se = rates.async_ / rates.sync, rates.diff_se / rates.sync
         self.update(step, e_hat, se, R)
         self.probes.append((step, e_hat * R, se * R))
+        self.noises.append(se * R)
         # a switch's loss jump counts only where the window tells it from noise (beyond `confidence`
         # standard errors): see "Switch costs" above
         self.switch_steps = sum(j for j, j_se in zip(rates.jumps, rates.jump_ses) if j > c.confidence * j_se) / rates.sync
@@ -283,7 +294,7 @@ class Gain(Prober):
                 + 2 * ctx.switch_time * rate[current] + self.switch_steps * times[SYNC])
         # before any probe, the standard error a probe's estimate of E has on this signal
         # (heuristic.probe_se): a first probe reveals E no more exactly than later ones
-        noise = self.probes[-1][2] if self.probes else c.probe_se * R
+        noise = self.probe_noise(R)
         stride = max(1, c.window // 3)
         # E's expected rise (heuristic.delay_trend) until two probes give their own trend b
         rise = self.rise if len(self.probes) < 2 else 0.0
@@ -304,6 +315,15 @@ class Gain(Prober):
                 return t
         return ctx.max_steps
 
+    def probe_noise(self, R: float) -> float:
+        """The standard error (in G) the next probe is expected to have: the lower median of the last
+        three probe windows' (one without measurable sync progress counting as infinite), or
+        ``heuristic.probe_se`` x R until a window has measured something."""
+        if not any(math.isfinite(n) for n in self.noises):
+            return self.cfg.probe_se * R
+        last = sorted(self.noises[-3:])
+        return last[(len(last) - 1) // 2]
+
     def horizon(self, t: int) -> int:
         """Steps left after step t: to ``max_steps``, or in a run that stops at a target (its end
         unknown) as many as have passed, at most that (a run is as likely to be half done as not)."""
@@ -317,10 +337,14 @@ class Gain(Prober):
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "E": self.E, "var": self.var, "belief_step": self.belief_step,
-                "probes": [list(p) for p in self.probes], "switch_steps": self.switch_steps}
+                "probes": [list(p) for p in self.probes], "switch_steps": self.switch_steps,
+                "noises": [n if math.isfinite(n) else None for n in self.noises]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.E, self.var, self.belief_step = state["E"], state["var"], state["belief_step"]
         self.probes = [tuple(p) for p in state.get("probes", [])]
         self.switch_steps = state.get("switch_steps", 0.0)
+        # (a state from before the noises were kept: the measured probes')
+        noises = state.get("noises", [p[2] for p in self.probes])
+        self.noises = [math.inf if n is None else n for n in noises]

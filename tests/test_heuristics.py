@@ -919,3 +919,67 @@ def test_gain_counts_a_window_without_measurable_sync_progress_as_a_useless_prob
     twin = heuristic("gain", start="async")
     twin.load_state_dict(json.loads(json.dumps(state)))
     assert twin.noises == [math.inf]
+
+
+def probe_window(jump: float, noise: float, seed: int = 0) -> list[Observation]:
+    """A probe of async from sync on a loss falling along an exponential in progress: 30 sync steps,
+    28 async (half the progress per step), 23 sync; ``jump`` added to the loss from the switch into
+    async on (a lasting level shift), Gaussian noise of sd ``noise``."""
+    rng = np.random.default_rng(seed)
+    obs, progress = [], 0.0
+    for i in range(81):
+        phase = "async" if 30 <= i < 58 else "sync"
+        progress += 0.5 if phase == "async" else 1.0
+        level = jump if i >= 30 else 0.0
+        loss = 1 + 4 * math.exp(-0.004 * (progress + 200)) + level + noise * rng.normal()
+        obs.append(Observation(i, phase, loss, float(i), 1.0, 1.0 if phase == "async" else 0.0))
+    return obs
+
+
+def test_the_jump_standard_errors_are_roughly_calibrated():
+    """With no jump at the switches, the fitted jumps over their standard errors spread about like
+    a standard normal (|z| > 2 in about 5% if exact; the trend chosen by a grid search makes them
+    somewhat too small); a real jump is recovered within its errors."""
+    zs = []
+    for seed in range(150):
+        w = probe_window(0.0, 0.01, seed)
+        r = fit_rates([o.phase for o in w], [o.loss for o in w], [1.0] * len(w), transients=True,
+                      settle={"sync": 3, "async": 8}, ar1=False)
+        assert len(r.jumps) == len(r.jump_ses) == 2
+        zs += [j / se for j, se in zip(r.jumps, r.jump_ses)]
+    assert 0.8 < np.std(zs) < 1.5 and np.mean(np.abs(zs) > 2) < 0.15
+    w = probe_window(0.05, 0.002)
+    r = fit_rates([o.phase for o in w], [o.loss for o in w], [1.0] * len(w), transients=True, settle={"sync": 3, "async": 8})
+    assert abs(r.jumps[0] - 0.05) < 3 * r.jump_ses[0] and r.jumps[0] > 5 * r.jump_ses[0]
+
+
+def test_gain_charges_a_switch_only_the_jumps_beyond_its_confidence():
+    """A lasting loss jump at the switch into async, clear of the noise, is charged in steps of
+    sync's progress (jump / sync's rate per step); the same probe with noise that hides it is
+    charged none of it (before 2026-12-04 every positive jump was, however noisy). The verdict's
+    own standard error is kept as the next probe's noise."""
+    def judged(jump, noise):
+        h = heuristic("gain")
+        w = probe_window(jump, noise)
+        h.judge(w, "sync", "async")
+        return h
+
+    clear = judged(0.05, 0.0005)
+    rate = 4 * 0.004 * math.exp(-0.004 * (70 + 200))  # sync's loss decrease per step near the window's end
+    assert clear.switch_steps == pytest.approx(0.05 / rate, rel=0.3)
+    assert clear.noises == [clear.probes[-1][2]] and math.isfinite(clear.noises[0])
+    hidden = judged(0.05, 0.2)
+    w = probe_window(0.05, 0.2)
+    r = fit_rates([o.phase for o in w], [o.loss for o in w], [1.0] * len(w), transients=True, settle=hidden.settle)
+    assert max(r.jumps) > 0 and all(j <= 2 * se for j, se in zip(r.jumps, r.jump_ses))  # positive, within the noise
+    assert hidden.probes and r.sync > 0  # (a verdict with an estimate, not "no measurable sync progress")
+    assert hidden.switch_steps == 0.0
+
+
+def test_gain_state_from_before_the_noises_takes_the_probes_standard_errors():
+    h = heuristic("gain", start="async")
+    state = h.state_dict()
+    state["probes"] = [[100, 1.2, 0.4], [200, 1.1, 0.7]]
+    del state["noises"]
+    h.load_state_dict(state)
+    assert h.noises == [0.4, 0.7]

@@ -4,6 +4,7 @@ the run's decisions again; a changed setting shows where they would part."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from omegaconf import OmegaConf
@@ -77,3 +78,42 @@ def test_what_cannot_be_replayed_is_said(make_cfg, tmp_path, gain_run, capsys):
     assert printed[0].endswith(f"the same decisions at all {gain_run[1]['steps']} steps")
     assert "not replayed: a fixed schedule" in printed[1]
     assert [r.get("divergence", "skipped") for r in json.loads(out.read_text())] == [None, "skipped"]
+
+
+def test_a_resumed_run_and_bad_settings_are_refused(gain_run, tmp_path):
+    run, _ = gain_run
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    cfg = OmegaConf.load(resumed / ".hydra" / "config.yaml")
+    cfg.train.resume = str(run)
+    OmegaConf.save(cfg, resumed / ".hydra" / "config.yaml")
+    assert replay_heuristic.replay(resumed)["skipped"].startswith("a resumed run")
+    for bad, why in (("heuristic.marign=0.1", "heuristic has no setting 'marign'"),
+                     ("heuristic.margin", "give it as heuristic.KEY=VALUE"),
+                     ("heuristic.undo_probes=true", "the training loop acts on it"),
+                     ("heuristic.guard_cooldown=5", "the training loop acts on it")):
+        with pytest.raises(SystemExit, match=why):
+            replay_heuristic.replay(run, [bad])
+    with pytest.raises(SystemExit, match="could not be converted"):
+        replay_heuristic.replay(run, ["heuristic.margin=abc"])
+    with pytest.raises(SystemExit, match="heuristic.start='bogus'"):
+        replay_heuristic.replay(run, ["heuristic.start=bogus"])
+
+
+def test_a_replayed_undo_is_a_divergence(gain_run, monkeypatch):
+    """The loop rewinds a run at an undo, which the replay cannot: it parts from the run there even
+    where the phase decided is the run's."""
+    from adapipe_cli.adaptive.base import Decision
+
+    run, _ = gain_run
+    make = replay_heuristic.build.make_heuristic
+
+    def undoing(cfg, choice, ctx):
+        h = make(cfg, choice, ctx)
+        decide = h.decide
+        h.decide = lambda u: Decision(decide(u).phase, "undo", undo=3) if u == 20 else decide(u)
+        return h
+
+    monkeypatch.setattr(replay_heuristic.build, "make_heuristic", undoing)
+    r = replay_heuristic.replay(run)
+    assert r["divergence"] == 20 and "undoing the probe from step 3" in r["replay_phase"]

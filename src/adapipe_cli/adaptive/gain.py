@@ -91,7 +91,7 @@ A probe at t switches only if the other phase is better, so it is worth its expe
     EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
 
 with s the spread of what the probe can reveal, ``s = sd^2 / sqrt(sd^2 + n^2)`` for a probe as
-noisy as the last one (standard error n; the preposterior spread of a normal belief): a probe of a
+noisy as the last ones (standard error n, below; the preposterior spread of a normal belief): a probe of a
 flat stretch of the loss, as noisy as the belief, is worth little. Before the first probe n is
 ``heuristic.probe_se`` x R: until 2026-12-03 it was 0, which valued a first probe as if it
 revealed E exactly, while the A/A test of the estimator on the heuristics' own signal (dev seed 3,
@@ -102,7 +102,10 @@ After that, n is the lower median of the last three probes' standard errors (sin
 before, the last probe's), a window where sync's progress could not be measured counting as
 infinitely noisy (it gives no estimate of E; before, it was passed over). So one useless probe
 neither stops the probing (a standard error of 1813 in E, the AdamW grid's depth 4, seed 0, used
-to price every later probe at nothing) nor leaves it as it was: two of the last three do. On the
+to price every later probe at nothing) nor leaves it as it was; two of the last three do (n
+infinite: s = 0, so a probe is worth only what the belief already holds, nothing where the
+current phase is believed the better one; in the margin's dead band, where the current phase is
+kept while believed the worse, it still is). On the
 training loss late in a run such windows came one after another (Muon depth 8, held-out seed 3:
 three probes of sync in a row, 123 steps apart, each without measurable sync progress); until a
 probe has measured anything, n stays ``heuristic.probe_se`` x R.
@@ -125,8 +128,8 @@ sync's rate. A jump counts only beyond ``heuristic.confidence`` standard errors 
 are mostly noise: on the AdamW grid's depth 4 (seeds 1 and 2, steps 400 to 800) they were -0.36
 to 0.39 with standard errors of 0.08 to 0.53, and divided by a sync rate of 3e-5 to 9e-3 per
 step they priced one switch at up to 3,600 steps of sync, which kept a run in sync where its
-own verdict had async ahead (E x R = 1.20). Counting a jump only when it is positive, as
-before, also charged half of the noise's jumps and none of the other half's refunds.
+own verdict had async ahead (E x R = 1.20). Counting every positive jump, as before, charged
+pure noise at half the switches; a negative jump still counts as nothing.
 
 **A decisive probe is adopted at once** (a probe of sync: after the first verdict). At the end of a probe's leg the probe is judged on the
 steps before it and those of its own steps observed by then (decisions run ``lag`` steps ahead
@@ -308,7 +311,7 @@ class Gain(Prober):
             unseen = self.drift * scale * doublings
             sd2 = se * se + share * unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as
-            # noisy as the last one (preposterior sd; a probe noisier than the belief tells little)
+            # noisy as the last ones (preposterior sd; a probe noisier than the belief tells little)
             sd = sd2 / math.sqrt(sd2 + noise * noise) if sd2 > 0 else 0.0
             value = expected_improvement(m, sd) * self.horizon(t) * times[current]
             if value >= cost:

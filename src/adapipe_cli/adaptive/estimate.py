@@ -71,6 +71,12 @@ class Rates:
     def diff(self) -> float:
         return self.async_ - self.sync
 
+    def switch_jumps(self, confidence: float) -> float:
+        """The loss the window's switches cost: the sum of the jumps beyond ``confidence`` standard
+        errors (a jump within its noise, or a fall, counts as nothing; since 2026-12-04 every
+        heuristic's, before which every positive jump counted however noisy)."""
+        return sum(j for j, se in zip(self.jumps, self.jump_ses) if j > confidence * se)
+
 
 # the common trend's family: the grid of its parameter and g at u = (x - x_end) / span in [-1, 0]
 TRENDS = {

@@ -230,7 +230,7 @@ class Gain(Prober):
         self.noises.append(se * R)
         # a switch's loss jump counts only where the window tells it from noise (beyond `confidence`
         # standard errors): see "Switch costs" above
-        self.switch_steps = sum(j for j, j_se in zip(rates.jumps, rates.jump_ses) if j > c.confidence * j_se) / rates.sync
+        self.switch_steps = rates.switch_jumps(c.confidence) / rates.sync
         times = self.step_times(window, steady=False)
         g, sd = self.E * R, math.sqrt(self.var) * R
         # a switch pays once (drain and fill, and its loss jump) and profits over the rest of the run

@@ -13,7 +13,8 @@
 Progress per second in async relative to sync is E x R. Async becomes current when
 E x R > 1 + margin + c, sync when E x R < 1 - margin - c (a dead band against flapping), where c
 is the cost of a round trip of switches as a fraction of the horizon until the next probe: the
-loss jumps measured at the probe's switches (the transition spike, see :mod:`.estimate`) and the
+loss jumps measured at the probe's switches (the transition spike, see :mod:`.estimate`; only
+jumps beyond ``confidence`` standard errors, since 2026-12-04) and the
 predicted drain and fill, in sync steps. E comes from the steady slopes, so the transient does not
 count twice. A probe whose E_hat is within ``confidence`` standard errors of the break-even 1/R
 leaves the current phase in place.
@@ -45,7 +46,7 @@ class Goodput(Prober):
         self.E = e_hat if self.E is None else (1 - beta) * self.E + beta * e_hat
         goodput = self.E * R
         sync_t = self.ctx.sync_step_time or 1.0
-        jumps = sum(max(0.0, j) for j in rates.jumps) / rates.sync  # in sync steps of progress
+        jumps = rates.switch_jumps(c.confidence) / rates.sync  # in sync steps of progress (only jumps beyond their noise)
         cost = (jumps + self.ctx.switch_time / sync_t) / max(1, self.interval)
         # is the difference from break-even (async per-step progress = sync's / R) significant?
         significant = bool(abs(rates.async_ - rates.sync / R) > c.confidence * rates.diff_se)

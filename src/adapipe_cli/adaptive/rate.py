@@ -11,7 +11,8 @@ The probed phase becomes current when its rate beats the current one's by more t
     margin * |r_current| + (r_current * switch_time + jumps) / horizon + confidence * se
 
 The rates are the steady ones (slopes within each stretch, see :mod:`.estimate`); ``jumps`` is
-what the probe's two switches cost in loss (the transition's spike included), ``switch_time`` the
+what the probe's two switches cost in loss (the transition's spike included; a jump counts only
+beyond ``confidence`` standard errors, since 2026-12-04), ``switch_time`` the
 predicted drain and fill (simulator, same cost profile), the horizon the time until the next
 probe, and ``se`` the standard error of the difference (noise alone should not cause switches).
 """
@@ -38,7 +39,7 @@ class Rate(Prober):
         r_cur, r_new = r[current], r[probed]
         probe_times = [o.step_time for o in window if o.phase == probed]
         horizon = self.interval * (median(probe_times) if probe_times else 1.0)
-        jumps = sum(max(0.0, j) for j in rates.jumps)
+        jumps = rates.switch_jumps(c.confidence)  # (only jumps beyond their noise)
         needed = (c.margin * abs(r_cur) + (max(r_cur, 0.0) * self.ctx.switch_time + jumps) / horizon
                   + c.confidence * rates.diff_se)
         info = {"rate_sync": rates.sync, "rate_async": rates.async_, "rate_diff_se": rates.diff_se,

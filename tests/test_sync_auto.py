@@ -78,7 +78,7 @@ def test_the_dist_workers_run_the_pick(m, kinds, make_cfg, tmp_path):
     split_profile(2).save(profile)
     s = train(make_cfg("schedule=adapipe", "schedule.sync=auto", "heuristic=gain", "pipeline.stages=2", f"pipeline.microbatches={m}",
                        "train.max_steps=3", "train.eval_every=3", f"pipeline.profile={profile}", "pipeline.runtime=dist",
-                       "pipeline.timeout_s=60"), tmp_path / "run")
+                       "pipeline.timeout_s=60", "heuristic.start=sync"), tmp_path / "run")  # (the 3 steps in sync: the pick)
     ran = {row["kind"] for row in s["action_times"]["actions"]}
     assert s["sync_schedule"] == min(closed_form(m, 2), key=closed_form(m, 2).get)
     assert kinds <= ran and not ({"B", "I", "W"} - kinds) & ran, ran

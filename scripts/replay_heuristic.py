@@ -56,10 +56,11 @@ def check_overrides(overrides: list[str]) -> list[str]:
         key, eq, _ = o.partition("=")
         key = key.lstrip("+")
         name = key.removeprefix("heuristic.")
-        if not eq or not key.startswith("heuristic.") or name not in names or name in LOOP_KEYS:
-            why = ("give it as heuristic.KEY=VALUE" if not eq or not key.startswith("heuristic.") else
-                   f"heuristic has no setting {name!r}" if name not in names else
-                   "the training loop acts on it (the signal, undone probes, the divergence guard), not the heuristic")
+        why = ("give it as heuristic.KEY=VALUE" if not eq or not key.startswith("heuristic.") else
+               f"heuristic has no setting {name!r}" if name not in names else
+               "the training loop acts on it (the signal, undone probes, the divergence guard), not the heuristic"
+               if name in LOOP_KEYS else None)
+        if why:
             raise SystemExit(f"replay_heuristic: --set {o}: {why}; only the heuristic's own settings can be replayed")
         out.append(o.lstrip("+"))
     return out
@@ -92,7 +93,8 @@ def replay(run: Path, overrides: list[str] = ()) -> dict:
         summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").is_file() else None
         if not summary or not summary.get("completed", True) or "predicted" not in summary:
             raise NotReplayable("no summary.json of a finished run with the predicted step times")
-        if cfg.schedule.name != "adapipe" or schedule_choice(cfg).phase is not None:
+        choice = schedule_choice(cfg)
+        if cfg.schedule.name != "adapipe" or choice.phase is not None:
             raise NotReplayable("a fixed schedule (no heuristic)")
         if cfg.train.get("resume"):
             raise NotReplayable("a resumed run (its log holds one stream, its heuristic two sessions)")
@@ -107,7 +109,7 @@ def replay(run: Path, overrides: list[str] = ()) -> dict:
         ctx = build.heuristic_context(cfg, pred["sync_step_time"], pred["async_step_time"], pred["switch_time"])
         lag = build.decision_lag(cfg)
         try:
-            h = build.make_heuristic(cfg, schedule_choice(cfg), ctx)
+            h = build.make_heuristic(cfg, choice, ctx)
         except ValueError as e:  # (heuristic.start and a user-written heuristic's options)
             raise SystemExit(f"replay_heuristic: {run}: {e}") from None
     except NotReplayable as e:

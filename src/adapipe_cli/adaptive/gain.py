@@ -85,20 +85,10 @@ E_d)) has a root mean square of 1.10 at d < 1 and 0.91 at d >= 1 (1.01 in all: t
 while E's error relative to E_d has 0.20 and 0.56: the relative spread before (0.5 x E) was 2.5
 times too wide at 8 microbatches.
 
-A probe at t switches only if its verdict finds the other phase better by more than the margin
-and the switch's cost (``judge``: 1 + margin + c against goodput, c the switch's drain, fill and
-jump over the rest of the run), so it is worth its expected improvement over that threshold (the
-normal's partial expectation beyond it, each outcome there gaining its distance from break-even),
+A probe at t switches only if the other phase is better, so it is worth its expected improvement
+(the normal's partial expectation beyond break-even),
 
-    EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1,
-                                     z = (m + margin + c(t)) / s
-
-Before 2026-12-05 the threshold was break-even (z = m / s): every outcome on the other side of 1
-counted, also those inside the margin, where the verdict keeps the current phase. That valued a
-probe of a phase believed better by less than the margin (the dead band, where the current phase
-is kept while believed the worse) at that whole difference over the rest of the run, however
-certain the belief, so such probes came every window: the AdamW grid's depth 4, seed 1, probed
-async from sync seven times at G = 0.94 to 1.04, each paying its switches' transients.
+    EI(t) = s phi(z) - m Phi(-z),   m = how far mu(t) is on the current phase's side of 1, z = m / s
 
 with s the spread of what the probe can reveal, ``s = sd^2 / sqrt(sd^2 + n^2)`` for a probe as
 noisy as the last ones (standard error n, below; the preposterior spread of a normal belief): a probe of a
@@ -113,9 +103,9 @@ before, the last probe's), a window where sync's progress could not be measured 
 infinitely noisy (it gives no estimate of E; before, it was passed over). So one useless probe
 neither stops the probing (a standard error of 1813 in E, the AdamW grid's depth 4, seed 0, used
 to price every later probe at nothing) nor leaves it as it was; two of the last three do (n
-infinite: s = 0, so a probe is worth only what the belief already holds beyond the verdict's
-threshold: nothing where the current phase is believed the better one or within the margin of
-it). On the
+infinite: s = 0, so a probe is worth only what the belief already holds, nothing where the
+current phase is believed the better one; in the margin's dead band, where the current phase is
+kept while believed the worse, it still is). On the
 training loss late in a run such windows came one after another (Muon depth 8, held-out seed 3:
 three probes of sync in a row, 123 steps apart, each without measurable sync progress); until a
 probe has measured anything, n stays ``heuristic.probe_se`` x R.
@@ -165,14 +155,12 @@ from .estimate import fit_rates
 from .probing import CLEAR, DECISIVE, UNCLEAR, Prober, other
 
 
-def expected_improvement(m: float, sd: float, beyond: float = 0.0) -> float:
-    """E[-X 1{-X > beyond}] for X ~ Normal(m, sd^2) and ``beyond`` >= 0: how much a switch gains on
-    average, when the current phase is believed ``m`` better (in goodput) with spread ``sd`` and the
-    verdict switches only where the other phase is more than ``beyond`` better (with ``beyond`` 0,
-    E[max(0, -X)])."""
+def expected_improvement(m: float, sd: float) -> float:
+    """E[max(0, -X)] for X ~ Normal(m, sd^2): how much a switch gains on average, when the current
+    phase is believed ``m`` better (in goodput) with spread ``sd``."""
     if sd <= 0:
-        return -m if -m > beyond else 0.0
-    z = (m + beyond) / sd
+        return max(0.0, -m)
+    z = m / sd
     return sd * math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) - m * 0.5 * math.erfc(z / math.sqrt(2))
 
 
@@ -305,7 +293,6 @@ class Gain(Prober):
         rate = {SYNC: 1.0, ASYNC: max(g, 0.0)}
         # the probe's leg loses only where the probed phase is believed worse (a current phase kept
         # within the margin may be believed the worse one)
-        switch = ctx.switch_time + self.switch_steps * times[SYNC]  # one switch, in seconds (as judge charges it)
         cost = (max(0.0, sign * (g - 1.0)) * self.leg(probed) * times[probed]
                 + 2 * ctx.switch_time * rate[current] + self.switch_steps * times[SYNC])
         # before any probe, the standard error a probe's estimate of E has on this signal
@@ -326,11 +313,7 @@ class Gain(Prober):
             # what the probe can reveal: the spread of the estimate after it, a probe being as
             # noisy as the last ones (preposterior sd; a probe noisier than the belief tells little)
             sd = sd2 / math.sqrt(sd2 + noise * noise) if sd2 > 0 else 0.0
-            # the verdict after the probe switches only beyond the margin and the switch's cost
-            # (judge): an outcome inside that dead band changes nothing, so it gains nothing
-            left = self.horizon(t)
-            beyond = c.margin + switch / max(1e-9, left * times[current])
-            value = expected_improvement(m, sd, beyond) * left * times[current]
+            value = expected_improvement(m, sd) * self.horizon(t) * times[current]
             if value >= cost:
                 return t
         return ctx.max_steps

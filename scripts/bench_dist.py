@@ -87,6 +87,16 @@ def window(n: int) -> tuple[int, int]:
     return skip, max(skip + 1, n - 1 - skip)
 
 
+def finished_run(out: Path) -> tuple[int, int, float, CostProfile, Plan, LinkModel]:
+    """A finished run's steady window (:func:`window`), its mean step over it (wall seconds), its
+    profile, the phases it ran and the link its workers measured."""
+    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
+    lo, hi = window(len(steps))
+    prof = CostProfile.load(out / "profile.json")
+    return (lo, hi, (steps[hi]["time_s"] - steps[lo]["time_s"]) / (hi - lo), prof,
+            Plan(len(steps), [r["phase"] for r in steps]), LinkModel.choose(0.0, 0.0, prof))
+
+
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
                 reference: Path | None = None) -> tuple[float, float, dict, float | None, float | None]:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
@@ -99,12 +109,7 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
                     f"hydra.run.dir={out}"], check=True, stdout=subprocess.DEVNULL)
-    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
-    lo, hi = window(len(steps))
-    measured = (steps[hi]["time_s"] - steps[lo]["time_s"]) / (hi - lo)
-    prof = CostProfile.load(out / "profile.json")
-    plan = Plan(len(steps), [r["phase"] for r in steps])
-    link = LinkModel.choose(0.0, 0.0, prof)
+    lo, hi, measured, prof, plan, link = finished_run(out)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
     table = json.loads((out / "summary.json").read_text())["action_times"]
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation, allreduce).spec  # (as the run picked)

@@ -36,14 +36,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from adapipe_cli.runtime.action_times import in_run_profile
-from adapipe_cli.schedules import Plan
 from adapipe_cli.schedules.choice import schedule_choice
-from adapipe_cli.simulator.clock import EXTRA_WORK, CostProfile, LinkModel
+from adapipe_cli.simulator.clock import EXTRA_WORK, CostProfile
 from adapipe_cli.simulator.simulate import simulate
 from adapipe_cli.train.build import pick_sync
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_dist import window  # noqa: E402  (the steady steps bench_dist measures)
+from bench_dist import finished_run  # noqa: E402  (the steady steps bench_dist measures)
 
 COSTS = ("forward", "backward", "update", "input", "weight", *EXTRA_WORK)
 ROUNDS = 30
@@ -92,12 +91,7 @@ def shared_step(simulate_step, profile: CostProfile, cores: float, other_cpu_per
 
 def predict(run: Path, cores: float) -> dict:
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
-    steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
-    lo, hi = window(len(steps))
-    measured = (steps[hi]["time_s"] - steps[lo]["time_s"]) / (hi - lo)
-    prof = CostProfile.load(run / "profile.json")
-    plan = Plan(len(steps), [r["phase"] for r in steps])
-    link = LinkModel.choose(0.0, 0.0, prof)
+    lo, hi, measured, prof, plan, link = finished_run(run)
     table = json.loads((run / "summary.json").read_text())["action_times"]
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation).spec  # (as the run picked)
     p = spec.virtual_stages

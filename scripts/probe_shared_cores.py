@@ -36,7 +36,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from adapipe_cli.runtime.action_times import in_run_profile
-from adapipe_cli.schedules.choice import schedule_choice
+from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signal_rows
 from adapipe_cli.simulator.clock import EXTRA_WORK, CostProfile
 from adapipe_cli.simulator.simulate import simulate
 from adapipe_cli.train.build import pick_sync
@@ -96,8 +96,12 @@ def predict(run: Path, cores: float) -> dict:
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation).spec  # (as the run picked)
     p = spec.virtual_stages
 
+    # an AdaPipe run that follows the held-out loss evaluates it after every update (as bench_dist charges it)
+    held_out = cfg.schedule.name == "adapipe" and cfg.heuristic.signal == "heldout"
+
     def simulate_step(costs: CostProfile) -> tuple[float, list[list[tuple[float, float]]]]:
-        sim = simulate(spec, plan, costs, link, record=True, mitigations=list(cfg.schedule.mitigation))
+        signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
+        sim = simulate(spec, plan, costs, link, record=True, mitigations=list(cfg.schedule.mitigation), signal=signal)
         t0, t1 = sim.update_end[lo], sim.update_end[hi]
         intervals: list[list[tuple[float, float]]] = [[] for _ in range(spec.stages)]
         for stage, _, _, _, start, end in sim.timeline:

@@ -12,12 +12,16 @@ predicts a finished dist run's steady step three ways and prints the measured st
 - ``shared``: the same CPU costs with the stages sharing ``--cores`` cores, a processor-sharing
   model solved by a fixed point: each stage's costs are multiplied by max(1, the mean number of
   stages computing while it computes, plus the background, over the cores), the timeline
-  simulated again, until the factors settle (damped by half, 30 rounds). The background is the
+  simulated again, each round moving the factors half way to the new ones, until they move by
+  less than 1e-6 (at most 100 rounds). The background is the
   run's own other-thread CPU (``other_threads_cpu_s``, summed over the workers) per predicted step,
   in cores; the driver's CPU is not in a run's summary and is left out.
 
 The factor is per stage, from the steady window's mean: a stage whose actions meet different
 concurrency in different phases (an AdaPipe run's sync and async stretches) gets one mean factor.
+An AdaPipe run that followed the held-out signal is charged its forward after every update, as
+bench_dist charges it. Not modelled: interleaved runs (a worker's chunks are rows of their own;
+``shared`` is left out, nan) and replicas (refused).
 
     python scripts/probe_shared_cores.py RUN_DIR... [--cores 2]
 
@@ -45,13 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_dist import finished_run  # noqa: E402  (the steady steps bench_dist measures)
 
 COSTS = ("forward", "backward", "update", "input", "weight", *EXTRA_WORK)
-ROUNDS = 30
+ROUNDS, SETTLED = 100, 1e-6
 
 
 def scaled(profile: CostProfile, factors: list[float]) -> CostProfile:
-    """``profile`` with every cost of stage s multiplied by ``factors[s]``."""
+    """``profile`` with every cost of stage s multiplied by ``factors[s]`` (the held-out signal's
+    forward too, where the profile measured one)."""
     out = copy.deepcopy(profile)
-    for name in COSTS:
+    for name in (*COSTS, "signal"):
         setattr(out, name, [c * factors[s] for s, c in enumerate(getattr(out, name))])
     return out
 
@@ -85,14 +90,21 @@ def shared_step(simulate_step, profile: CostProfile, cores: float, other_cpu_per
         step, intervals = simulate_step(scaled(profile, factors))
         background = other_cpu_per_step / step if step > 0 else 0.0
         new = [max(1.0, c / cores) for c in concurrency(intervals, background)]
+        moved = max(abs(a - b) for a, b in zip(factors, new))
         factors = [(a + b) / 2 for a, b in zip(factors, new)]
+        if moved < SETTLED:
+            break
     return simulate_step(scaled(profile, factors))[0], factors
 
 
 def predict(run: Path, cores: float) -> dict:
     cfg = OmegaConf.load(run / ".hydra" / "config.yaml")
+    if cfg.pipeline.get("replicas", 1) > 1:
+        raise SystemExit(f"{run}: a run with pipeline.replicas > 1 is not modelled here; give a run of one pipeline")
+    table = json.loads((run / "summary.json").read_text()).get("action_times")
+    if not table or not table.get("actions"):
+        raise SystemExit(f"{run}: its summary.json has no action_times (a dist run of a version that times its actions)")
     lo, hi, measured, prof, plan, link = finished_run(run)
-    table = json.loads((run / "summary.json").read_text())["action_times"]
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation).spec  # (as the run picked)
     p = spec.virtual_stages
 

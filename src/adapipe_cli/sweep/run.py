@@ -89,7 +89,8 @@ class InlineExecutor:
 
 def stop_workers(ex, grace_s: float = 5.0, wait_s: float = 60.0) -> None:
     """Stop the cells running in the pool's worker processes when the sweep is interrupted. After
-    Ctrl-C in a terminal they have the signal too and end within ``grace_s``; a signal to the sweep
+    Ctrl-C in a terminal they have the signal too and end within ``grace_s`` (a worker that was still
+    starting dropped it: :func:`worker_ready`); a signal to the sweep
     alone (``kill PID``) reaches only this process, so the workers left then get SIGTERM (each cell
     stops as a terminated run, its partial results kept), and SIGKILL after ``wait_s``."""
     procs = list((getattr(ex, "_processes", None) or {}).values())  # ProcessPoolExecutor's workers

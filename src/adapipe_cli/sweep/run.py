@@ -52,27 +52,30 @@ def run_cell(overrides: list[str]) -> int:
 
 
 def worker_ready() -> None:
-    """A pool worker's initializer: Ctrl-C reaches it again now that its interpreter has started
-    (see :func:`submit_quietly`). One that came while it started is dropped here (ignoring a pending
-    signal discards it); the sweep had it too and stops the worker (:func:`stop_workers`)."""
+    """A :class:`CellPool` worker's initializer: Ctrl-C reaches it again now that its interpreter has
+    started. One that came while it started is dropped here (ignoring a pending signal discards it);
+    the sweep had it too and stops the worker (:func:`stop_workers`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def submit_quietly(ex, fn, *args) -> Future:
-    """``ex.submit(fn, *args)`` with SIGINT blocked while the pool may start a worker process for it
-    (a spawned worker starts at submit). The worker inherits the block, so a Ctrl-C that arrives
-    while its interpreter is still starting waits instead of interrupting the start (which printed
-    a fatal error and a traceback) until :func:`worker_ready`; in this process the signal is only
-    held back for the milliseconds of the start, not lost."""
-    if isinstance(ex, InlineExecutor):
-        return ex.submit(fn, *args)
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        return ex.submit(fn, *args)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+class CellPool(ProcessPoolExecutor):
+    """``jobs`` spawned worker processes, each running cells. A worker starts at a submit, and SIGINT
+    is blocked meanwhile: the worker inherits the block, so a Ctrl-C that arrives while its
+    interpreter is still starting waits instead of interrupting the start (which printed a fatal
+    error and a traceback) until :func:`worker_ready`; in this process the signal is only held
+    back for the milliseconds of the start, not lost."""
+
+    def __init__(self, jobs: int):
+        super().__init__(jobs, multiprocessing.get_context("spawn"), initializer=worker_ready)
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            return super().submit(fn, *args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 class InlineExecutor:
@@ -141,8 +144,7 @@ class SweepRunner:
               file=sys.stderr, flush=True)
         for p in g.cfg.stages:  # before any cell runs: a profile measured beside a running cell would be slower
             self.profiles[p] = self.profile(p) if g.cfg.profile else None
-        ex = (InlineExecutor() if jobs == 1
-              else ProcessPoolExecutor(jobs, multiprocessing.get_context("spawn"), initializer=worker_ready))
+        ex = InlineExecutor() if jobs == 1 else CellPool(jobs)
         try:
             self._drain(ex, queue, jobs)
         except KeyboardInterrupt:
@@ -183,7 +185,7 @@ class SweepRunner:
                     continue
                 self.seen += 1
                 cell_line(self.seen, self.total, self.start, "start", c.name)
-                running[submit_quietly(ex, run_cell, self.overrides(c, target))] = (c, self.seen, time.time())
+                running[ex.submit(run_cell, self.overrides(c, target))] = (c, self.seen, time.time())
             if not running:
                 continue
             done, _ = wait(running, return_when=FIRST_COMPLETED)

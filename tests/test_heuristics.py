@@ -558,17 +558,24 @@ def test_gain_belief_is_a_kalman_filter_over_the_probes():
 def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():
     """E expected to rise (heuristic.delay_trend): from async, believed ahead (G = 1.2), a probe of
     sync is worth less the more E is expected to rise, so it comes later; from sync, believed ahead
-    (G = 0.8), a probe of async comes sooner. Once two probes have been judged their own trend
-    replaces it, and the trend no longer moves a probe."""
+    (G = 0.8), a probe of async comes sooner. Once two probes have been judged, the rise is their
+    trend's prior mean (since 2026-12-05; before, their trend replaced it, whatever their noise):
+    probes as noisy as the belief leave it as it was, precise ones that find G flat override most
+    of it."""
     def next_probe(trend, current, g, probes=()):
         h = heuristic("gain", start=current, delay_trend=trend)
         h.probes = list(probes)
+        h.noises = [se for _, _, se in probes]
         return h.worth_probing(100, 130, g, 0.1, 2.0, current, {})
 
     assert next_probe(0.0, "async", 1.2) < next_probe(0.24, "async", 1.2) < next_probe(0.5, "async", 1.2)
     assert next_probe(0.0, "sync", 0.8) > next_probe(0.24, "sync", 0.8) > next_probe(0.5, "sync", 0.8)
-    two = [(40, 1.2, 0.1), (100, 1.2, 0.1)]
-    assert next_probe(0.0, "async", 1.2, two) == next_probe(0.5, "async", 1.2, two)
+    noisy = [(40, 1.2, 1.0), (100, 1.2, 1.0)]
+    assert next_probe(0.0, "async", 1.2, noisy) < next_probe(0.24, "async", 1.2, noisy) < next_probe(0.5, "async", 1.2, noisy)
+    assert next_probe(0.0, "sync", 0.8, [(40, 0.8, 1.0), (100, 0.8, 1.0)]) > next_probe(0.5, "sync", 0.8, [(40, 0.8, 1.0), (100, 0.8, 1.0)])
+    precise = [(40, 1.2, 0.02), (100, 1.2, 0.02)]
+    moved = lambda probes: next_probe(0.5, "async", 1.2, probes) - next_probe(0.0, "async", 1.2, probes)  # noqa: E731
+    assert 0 <= moved(precise) < moved(noisy) / 4
     # the trend stops at E = 1: a stale gradient is expected to do no better than a fresh one
     h = heuristic("gain", delay_trend=0.5)
     h.E, h.var, start = 0.95, 0.0, h.belief_step
@@ -850,7 +857,7 @@ def test_gain_trend_has_the_drift_as_its_prior():
     precise than the prior recover their own slope; a useless probe beside a good one leaves the
     slope near 0 with the prior's spread (before: the slope of the two points, its variance
     unbounded)."""
-    h = heuristic("gain", start="async")  # d = 3/2 (AdamW's k): drift 0.37 x 0.675
+    h = heuristic("gain", start="async", delay_trend=0.0)  # d = 3/2 (AdamW's k): drift 0.37 x 0.675
     drift = 0.37 * 0.675
     assert h.drift == pytest.approx(drift)
     assert h.trend(200, 1.0) == (0.0, 0.0)  # before two probes
@@ -869,6 +876,19 @@ def test_gain_trend_has_the_drift_as_its_prior():
     b, var_b = h.trend(493, 1.27)
     prior_sd = drift * 1.27 / 493
     assert abs(b) < 0.01 * prior_sd and var_b == pytest.approx(prior_sd ** 2, rel=1e-3)
+    # E's expected rise is the prior's mean (rise x max(|G|, 1) / step, as the drift's sd): precise
+    # probes still recover their own slope, a useless one beside a good one leaves the rise
+    h = heuristic("gain", start="async")  # delay_trend 0.24: a rise of 0.24 x 0.675 per doubling
+    mean = 0.24 * 0.675 * 1.2 / 200
+    for se in (0.02, 0.2):
+        h.probes = [(100, 1.4, se), (200, 1.2, se)]
+        sxx, prior_precision = 1 / se ** 2 / 2 * 100 ** 2, (200 / (drift * 1.2)) ** 2
+        b, var_b = h.trend(200, 1.2)
+        assert b == pytest.approx((-0.002 * sxx + mean * prior_precision) / (sxx + prior_precision))
+        assert var_b == pytest.approx(1 / (sxx + prior_precision))
+    h.probes = [(399, 1.948, 0.858), (493, -7787.0, 3477.0)]
+    b, var_b = h.trend(493, 1.27)
+    assert b == pytest.approx(0.24 * 0.675 * 1.27 / 493, rel=0.01)
     # without a drift (a long delay, tapered) there is no trend
     h.drift = 0.0
     assert h.trend(493, 1.27) == (0.0, 0.0)

@@ -8,9 +8,10 @@ to probe, and what a probe that wins decisively does.
 async G. Running the worse phase for a time T loses ``|G - 1| T``. After a verdict at step s the
 heuristic believes G(t) ~ Normal(mu(t), sd(t)^2) for a later step t, with
 
-    mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps
+    mu(t)   = G_s + b (t - s)                  b: slope of the last probes' G over steps, its
+                                               prior's mean E's expected rise (after two probes)
               + tau max(|G_s|, 1) log2(t / s)  tau: E's expected rise (before two probes; then 0),
-                                               up to E = 1 (G = R)
+                                               each up to E = 1 (G = R)
     sd(t)^2 = se_s^2 + u (delta max(|G_s|, 1) log2(t / s))^2
                                                u: the share of the trend not pinned down (below)
 
@@ -23,12 +24,14 @@ start of training) could never drift back to 1 and would not be probed again, ho
 efficiency rose.
 
 **The trend b has the drift as its prior** (since 2026-12-04): b is the weighted least-squares
-slope of the last four probes' G (weights 1 / se^2) with a normal prior, mean 0 and sd
+slope of the last four probes' G (weights 1 / se^2) with a normal prior, mean
+``rise x max(|G_s|, 1) / s`` (E's expected rise per doubling as a slope from step s, below; 0
+until 2026-12-05) and sd
 ``sigma_b = delta max(|G_s|, 1) / s`` (the drift per doubling as a slope from step s; the drift
 was measured as the spread of E's slope per doubling over runs), se_b^2 its posterior variance,
 and ``u = se_b^2 / sigma_b^2`` the share of the prior's variance the probes left (1 before two
 probes, or without a drift, where b = 0). Probes as noisy as the belief leave b near 0 and u near
-1: the belief widens by the drift, exactly as without a trend; precise probes set their own slope
+1: the belief moves by the expected rise and widens by the drift, exactly as before two probes; precise probes set their own slope
 and u near 0: what they pinned down is no longer unseen drift. sd(t) grows with t either way.
 Before it, b was the plain weighted slope and sd(t)^2 held se_b^2 (t - s)^2 beside the whole
 drift: two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of
@@ -62,7 +65,8 @@ probes' slope is not used either (b = 0).
 
 **The drift has a direction**: async's efficiency rises as training goes on, in 22 of the 25
 measured runs above (the gradients' change per step, and with it what a stale gradient misses,
-shrinks as the loss flattens). Until two probes give their own trend b, the belief's mean moves up
+shrinks as the loss flattens). Until two probes give their own trend b (whose prior mean it then
+is), the belief's mean moves up
 by ``tau = heuristic.delay_trend x k d`` per doubling of the step (relative, as the drift), up to
 E = 1 (a stale gradient is expected to do no better than a fresh one), in the Kalman step and in
 the value of the next probe (after two probes the Kalman step has no trend; b enters only the
@@ -256,6 +260,11 @@ class Gain(Prober):
         ``drift x scale``, as a slope over the doubling from step ``now`` (``scale`` = max(|G|, 1))."""
         return self.drift * scale / max(now, 1)
 
+    def trend_prior_mean(self, now: int, scale: float) -> float:
+        """The mean of the prior on the trend's slope (G per step): E's expected rise per doubling,
+        ``rise x scale``, as a slope over the doubling from step ``now``."""
+        return self.rise * scale / max(now, 1)
+
     def trend(self, now: int, scale: float) -> tuple[float, float]:
         """Slope of G over steps from the last four probes and its variance: weighted least squares
         with a normal prior on the slope, mean 0 and sd :meth:`trend_prior_sd`; (0, 0) before two
@@ -274,8 +283,9 @@ class Gain(Prober):
         xm = sum(wi * s for wi, (s, _, _) in zip(w, pts)) / sw
         ym = sum(wi * g for wi, (_, g, _) in zip(w, pts)) / sw
         sxx = sum(wi * (s - xm) ** 2 for wi, (s, _, _) in zip(w, pts))
+        sxy = sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts))
         precision = sxx + 1.0 / sd_prior ** 2
-        return sum(wi * (s - xm) * (g - ym) for wi, (s, g, _) in zip(w, pts)) / precision, 1.0 / precision
+        return (sxy + self.trend_prior_mean(now, scale) / sd_prior ** 2) / precision, 1.0 / precision
 
     def worth_probing(self, now: int, earliest: int, g: float, se: float, R: float, current: str,
                       times: dict[str, float]) -> int:
@@ -307,7 +317,7 @@ class Gain(Prober):
             # whichever is larger: a phase far behind can still come back
             doublings = math.log2(t / max(now, 1))
             up = max(0.0, min(rise * scale * doublings, R - g))  # up to E = 1 (G = R)
-            m = sign * (g + b * dt + up - 1.0)
+            m = sign * (g + min(b * dt, max(0.0, R - g)) + up - 1.0)
             unseen = self.drift * scale * doublings
             sd2 = se * se + share * unseen * unseen
             # what the probe can reveal: the spread of the estimate after it, a probe being as

@@ -36,7 +36,12 @@ and u near 0: what they pinned down is no longer unseen drift. sd(t) grows with 
 Before it, b was the plain weighted slope and sd(t)^2 held se_b^2 (t - s)^2 beside the whole
 drift: two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of
 0.45 to 1813, median 2.2, against a belief's spread of 0.25) gave a steep slope with an unbounded
-variance, which priced a probe of sync every 100 to 300 steps to the end of the run.
+variance, which priced a probe of sync every 100 to 300 steps to the end of the run. Until
+2026-12-05 the prior's mean was 0, so from the second probe on the expected rise stopped counting
+however noisy the probes: on the training loss at the AdamW grid's depth 4, where a probe after the
+sync warm-up measures nothing usable (31 of 55 windows a standard error in E over twice the
+belief's sd, 24 without measurable sync progress), two useless probes kept held-out seed 12 in
+sync for 94% of its time.
 
 **The drift grows with the delay**: ``delta = heuristic.delay_drift x k d``, k d = 1 / E_d - 1 the
 delay's sensitivity (E_d below). Measured (``scripts/calibrate_drift.py``, docs/results/drift/: E
@@ -267,7 +272,7 @@ class Gain(Prober):
 
     def trend(self, now: int, scale: float) -> tuple[float, float]:
         """Slope of G over steps from the last four probes and its variance: weighted least squares
-        with a normal prior on the slope, mean 0 and sd :meth:`trend_prior_sd`; (0, 0) before two
+        with a normal prior on the slope, mean :meth:`trend_prior_mean` and sd :meth:`trend_prior_sd`; (0, 0) before two
         probes or without a drift. The drift is the measured spread of E's slope per doubling over
         runs (``scripts/calibrate_drift.py``), so it is the slope's prior: probes as noisy as the
         belief (a flat stretch of the loss) leave the slope near 0 with the drift's spread, instead of

@@ -30,9 +30,10 @@ until 2026-12-05) and sd
 ``sigma_b = delta max(|G_s|, 1) / s`` (the drift per doubling as a slope from step s; the drift
 was measured as the spread of E's slope per doubling over runs), se_b^2 its posterior variance,
 and ``u = se_b^2 / sigma_b^2`` the share of the prior's variance the probes left (1 before two
-probes, or without a drift, where b = 0). Probes as noisy as the belief leave b near 0 and u near
-1: the belief moves by the expected rise and widens by the drift, exactly as before two probes; precise probes set their own slope
-and u near 0: what they pinned down is no longer unseen drift. sd(t) grows with t either way.
+probes, or without a drift, where b = 0). Probes as noisy as the belief leave b near its prior
+mean and u near 1: the belief moves by the expected rise and widens by the drift, much as before
+two probes; precise probes set their own slope and u near 0: what they pinned down is no longer
+unseen drift. sd(t) grows with t either way.
 Before it, b was the plain weighted slope and sd(t)^2 held se_b^2 (t - s)^2 beside the whole
 drift: two probes of which one was useless (the AdamW grid's depth 4: a standard error in E of
 0.45 to 1813, median 2.2, against a belief's spread of 0.25) gave a steep slope with an unbounded
@@ -79,7 +80,7 @@ value of a probe); the default 0.24 is the median over the 8
 cells of E's signed slope over k d (``scripts/calibrate_drift.py``). In a run that starts in async
 it puts off a probe of sync that the unseen drift alone would bring on (at d = 3, where the drift
 is 0.50 per doubling); where E falls instead (the observation streams' crossings), the first two
-probes' trend takes over from it.
+probes overrule it through their trend (precise there).
 
 **The prior's spread is in logit E** = log(E / (1 - E)), which for E = 1 / (1 + k d) is
 -log(k d): an uncertain sensitivity k of the training to the gradient delay d. In E it is
@@ -272,13 +273,14 @@ class Gain(Prober):
 
     def trend(self, now: int, scale: float) -> tuple[float, float]:
         """Slope of G over steps from the last four probes and its variance: weighted least squares
-        with a normal prior on the slope, mean :meth:`trend_prior_mean` and sd :meth:`trend_prior_sd`; (0, 0) before two
-        probes or without a drift. The drift is the measured spread of E's slope per doubling over
-        runs (``scripts/calibrate_drift.py``), so it is the slope's prior: probes as noisy as the
-        belief (a flat stretch of the loss) leave the slope near 0 with the drift's spread, instead of
-        a steep slope from two noisy points whose variance, extrapolated over the steps to come, made
-        every later probe look worth its cost (the AdamW grid's depth 4: a probe of sync every 100
-        to 300 steps to the end, each with a standard error of 0.45 to 1813 in E)."""
+        with a normal prior on the slope, mean :meth:`trend_prior_mean` and sd
+        :meth:`trend_prior_sd`; (0, 0) before two probes or without a drift. The drift is the
+        measured spread of E's slope per doubling over runs (``scripts/calibrate_drift.py``), so it
+        is the slope's prior: probes as noisy as the belief (a flat stretch of the loss) leave the
+        slope near its prior's mean (E's expected rise) with the drift's spread, instead of a steep
+        slope from two noisy points whose variance, extrapolated over the steps to come, made every
+        later probe look worth its cost (the AdamW grid's depth 4: a probe of sync every 100 to 300
+        steps to the end, each with a standard error of 0.45 to 1813 in E)."""
         pts = self.probes[-4:]
         sd_prior = self.trend_prior_sd(now, scale)
         if len(pts) < 2 or sd_prior <= 0:

@@ -527,7 +527,8 @@ def test_gain_belief_is_a_kalman_filter_over_the_probes():
     delay's prior (d = 3/2 here); a probe at step s2 after the belief's step s1 moves it up by
     delay_trend k d max(E, 1/R) log2(s2/s1) and widens it by (delay_drift k d max(E, 1/R)
     log2(s2/s1))^2, k d = 0.45 x 1.5 = 0.675, then weighs the estimate by precision (written out
-    by hand)."""
+    by hand). After two probes it moves by their trend, whose prior mean is the rise (since
+    2026-12-05; before, it did not move)."""
     e_d = 1 / (1 + 0.45 * 3 / 2)
     p0 = (1.0 * e_d * (1 - e_d)) ** 2
     drift, rise = 0.4 * 0.675, 0.2 * 0.675  # delay_drift x k d, delay_trend x k d
@@ -548,11 +549,20 @@ def test_gain_belief_is_a_kalman_filter_over_the_probes():
     e1, w = 0.2 + rise * 0.5, (drift * 0.5) ** 2
     k = (p0 + w) / (p0 + w + 0.01)
     assert h.E == pytest.approx(e1 + k * (0.3 - e1)) and h.var == pytest.approx((1 - k) * (p0 + w))
-    # once two probes have been judged, their own trend replaces delay_trend: no rise
-    h.probes = [(60, 0.6, 0.1), (90, 0.6, 0.1)]
-    e2, var2 = h.E, h.var
-    h.update(120, e2, 0.1, R=2.0)
-    assert h.E == pytest.approx(e2)
+    # once two probes have been judged, the belief moves by their trend (G per step, over R): a
+    # least-squares slope with a normal prior, mean the expected rise and sd the drift, each per
+    # doubling as a slope from the belief's step (here 60, one doubling to 120; G's scale max(G, 1)
+    # = 1); probes as noisy as can be leave the rise, flat precise ones (weights 100, sxx = 100 / 2
+    # x 30^2) cancel most of it, falling precise ones move the belief down
+    e2 = h.E
+    mean, prior_precision = rise * 1.0 / 60, (60 / (drift * 1.0)) ** 2
+    for probes, slope in (([(30, 0.6, 1e9), (60, 0.6, 1e9)], mean),
+                          ([(30, 0.6, 0.1), (60, 0.6, 0.1)], mean * prior_precision / (45000 + prior_precision)),
+                          ([(30, 0.9, 0.1), (60, 0.6, 0.1)], (45000 * -0.01 + mean * prior_precision) / (45000 + prior_precision))):
+        h.E, h.belief_step, h.probes = e2, 60, probes
+        h.update(120, 0.0, 1e9, R=2.0)  # (a useless probe: the belief's prior alone)
+        assert h.E == pytest.approx(e2 + slope * 60 / 2.0)
+    assert h.E < e2
 
 
 def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():

@@ -75,8 +75,9 @@ shrinks as the loss flattens). Until two probes give their own trend b (whose pr
 is), the belief's mean moves up
 by ``tau = heuristic.delay_trend x k d`` per doubling of the step (relative, as the drift), up to
 E = 1 (a stale gradient is expected to do no better than a fresh one), in the Kalman step and in
-the value of the next probe (after two probes the Kalman step has no trend; b enters only the
-value of a probe); the default 0.24 is the median over the 8
+the value of the next probe (after two probes both move by the probes' trend b, whose prior mean
+the rise then is; until 2026-12-05 the Kalman step had no trend after two probes and b entered
+only the value of a probe, so a belief pulled down by noisy probes never rose again); the default 0.24 is the median over the 8
 cells of E's signed slope over k d (``scripts/calibrate_drift.py``). In a run that starts in async
 it puts off a probe of sync that the unseen drift alone would bring on (at d = 3, where the drift
 is 0.50 per doubling); where E falls instead (the observation streams' crossings), the first two
@@ -212,15 +213,19 @@ class Gain(Prober):
 
     def update(self, step: int, e_hat: float, se: float, R: float) -> None:
         """One Kalman step: since the last probe the belief rises by E's expected trend (``self.rise``
-        per doubling of the step) and widens by the unseen drift (``self.drift``), both relative to E
-        or to break-even 1/R, whichever is larger; then it takes in the probe's estimate by its
+        per doubling of the step; after two probes, by their trend :meth:`trend`, whose prior mean
+        that rise is) and widens by the unseen drift (``self.drift``), both relative to E or to
+        break-even 1/R, whichever is larger; then it takes in the probe's estimate by its
         precision."""
         scale = max(abs(self.E), 1.0 / R if R > 0 else 0.0)
         doublings = math.log2(max(step, 1) / self.belief_step)
         widen = self.drift * scale * doublings
-        rise = self.rise if len(self.probes) < 2 else 0.0  # (see worth_probing)
-        # (a stale gradient is expected to do no better than a fresh one: the trend stops at E = 1)
-        prior_E = max(self.E, min(1.0, self.E + rise * scale * doublings))
+        if len(self.probes) < 2:
+            move = self.rise * scale * doublings
+        else:  # the probes' trend, its prior's mean the expected rise (see worth_probing), G per step
+            move = self.trend(self.belief_step, R * scale)[0] * (max(step, 1) - self.belief_step) / R
+        # (a stale gradient is expected to do no better than a fresh one: a rise stops at E = 1)
+        prior_E = self.E + move if move <= 0 else max(self.E, min(1.0, self.E + move))
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = prior_E + k * (e_hat - prior_E), (1 - k) * prior_var, max(step, 1)

@@ -563,6 +563,18 @@ def test_gain_belief_is_a_kalman_filter_over_the_probes():
         h.update(120, 0.0, 1e9, R=2.0)  # (a useless probe: the belief's prior alone)
         assert h.E == pytest.approx(e2 + slope * 60 / 2.0)
     assert h.E < e2
+    # the slope is a change per doubling from the belief's step (slope x 60 per doubling), as the
+    # rise before two probes: three doublings to 480 move it three times as far, not seven (linear)
+    h.E, h.belief_step, h.probes = e2, 60, [(30, 0.6, 1e9), (60, 0.6, 1e9)]
+    h.update(480, 0.0, 1e9, R=2.0)
+    assert h.E == pytest.approx(e2 + mean * 60 * 3 / 2.0)
+    # a move stops at E = 1 going up and at E = 0 going down (falling precise probes, six doublings)
+    h.E, h.belief_step = 0.95, 60
+    h.update(480, 0.0, 1e9, R=2.0)
+    assert h.E == pytest.approx(1.0)
+    h.E, h.belief_step, h.probes = 0.1, 60, [(30, 1.5, 0.01), (60, 0.6, 0.01)]
+    h.update(3840, 0.0, 1e9, R=2.0)
+    assert h.E == 0.0
 
 
 def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():
@@ -899,8 +911,11 @@ def test_gain_trend_has_the_drift_as_its_prior():
     h.probes = [(399, 1.948, 0.858), (493, -7787.0, 3477.0)]
     b, var_b = h.trend(493, 1.27)
     assert b == pytest.approx(0.24 * 0.675 * 1.27 / 493, rel=0.01)
-    # without a drift (a long delay, tapered) there is no trend
+    # without a drift the prior has no spread: the trend is its mean, the rise; without a rise
+    # either (a long delay, where both taper off) there is no trend
     h.drift = 0.0
+    assert h.trend(493, 1.27) == (pytest.approx(0.24 * 0.675 * 1.27 / 493), 0.0)
+    h.rise = 0.0
     assert h.trend(493, 1.27) == (0.0, 0.0)
 
 

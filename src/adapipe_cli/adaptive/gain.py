@@ -222,10 +222,13 @@ class Gain(Prober):
         widen = self.drift * scale * doublings
         if len(self.probes) < 2:
             move = self.rise * scale * doublings
-        else:  # the probes' trend, its prior's mean the expected rise (see worth_probing), G per step
-            move = self.trend(self.belief_step, R * scale)[0] * (max(step, 1) - self.belief_step) / R
-        # (a stale gradient is expected to do no better than a fresh one: a rise stops at E = 1)
-        prior_E = self.E + move if move <= 0 else max(self.E, min(1.0, self.E + move))
+        else:  # the probes' trend (G per step, its prior's mean the expected rise: see :meth:`trend`)
+            # as a change per doubling from the belief's step, as the rise and the drift are
+            b = self.trend(self.belief_step, R * scale)[0] if R > 0 else 0.0
+            move = b * self.belief_step * doublings / R if R > 0 else 0.0
+        # (a stale gradient is expected to do no better than a fresh one, and to make no negative
+        # progress: a move stops at E = 1 going up and at E = 0 going down)
+        prior_E = (max(self.E, min(1.0, self.E + move)) if move > 0 else min(self.E, max(0.0, self.E + move)))
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = prior_E + k * (e_hat - prior_E), (1 - k) * prior_var, max(step, 1)
@@ -279,7 +282,7 @@ class Gain(Prober):
     def trend(self, now: int, scale: float) -> tuple[float, float]:
         """Slope of G over steps from the last four probes and its variance: weighted least squares
         with a normal prior on the slope, mean :meth:`trend_prior_mean` and sd
-        :meth:`trend_prior_sd`; (0, 0) before two probes or without a drift. The drift is the
+        :meth:`trend_prior_sd`; (0, 0) before two probes, the prior's mean without a drift. The drift is the
         measured spread of E's slope per doubling over runs (``scripts/calibrate_drift.py``), so it
         is the slope's prior: probes as noisy as the belief (a flat stretch of the loss) leave the
         slope near its prior's mean (E's expected rise) with the drift's spread, instead of a steep
@@ -288,8 +291,10 @@ class Gain(Prober):
         steps to the end, each with a standard error of 0.45 to 1813 in E)."""
         pts = self.probes[-4:]
         sd_prior = self.trend_prior_sd(now, scale)
-        if len(pts) < 2 or sd_prior <= 0:
+        if len(pts) < 2:
             return 0.0, 0.0
+        if sd_prior <= 0:  # (a prior without spread: its mean)
+            return self.trend_prior_mean(now, scale), 0.0
         w = [1.0 / max(se, 1e-6) ** 2 for _, _, se in pts]
         sw = sum(w)
         xm = sum(wi * s for wi, (s, _, _) in zip(w, pts)) / sw
@@ -321,7 +326,8 @@ class Gain(Prober):
         # (heuristic.probe_se): a first probe reveals E no more exactly than later ones
         noise = self.probe_noise(R)
         stride = max(1, c.window // 3)
-        # E's expected rise (heuristic.delay_trend) until two probes give their own trend b
+        # E's expected rise (heuristic.delay_trend) until two probes give their own trend b, then
+        # b's prior mean; either up to E = 1 (a fresh gradient's progress)
         rise = self.rise if len(self.probes) < 2 else 0.0
         for t in range(earliest, ctx.max_steps, stride):
             dt = t - now

@@ -144,7 +144,7 @@ class HeuristicConfig:
     # 0.50 at AdamW's d = 3 and 0.06 at d = 3/8, as measured (scripts/calibrate_drift.py)
     delay_drift: float = 0.37
     # gain: async's efficiency E expected to rise per doubling of the step, relative, per unit of k d
-    # (the drift's direction, up to E = 1; 0: none), until two probes give their own trend: the median over 8
+    # (the drift's direction, up to E = 1; 0: none); after two probes, the prior mean of their trend: the median over 8
     # cells of E's signed slope over k d, seeds 9-11 and dev seed 3 (scripts/calibrate_drift.py: E
     # rose in 22 of 25 runs)
     delay_trend: float = 0.24

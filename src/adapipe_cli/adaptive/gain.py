@@ -30,7 +30,7 @@ until 2026-12-05) and sd
 ``sigma_b = delta max(|G_s|, 1) / s`` (the drift per doubling as a slope from step s; the drift
 was measured as the spread of E's slope per doubling over runs), se_b^2 its posterior variance,
 and ``u = se_b^2 / sigma_b^2`` the share of the prior's variance the probes left (1 before two
-probes, or without a drift, where b = 0). Probes as noisy as the belief leave b near its prior
+probes, where b = 0, or without a drift, where b is the prior's mean). Probes as noisy as the belief leave b near its prior
 mean and u near 1: the belief moves by the expected rise and widens by the drift, much as before
 two probes; precise probes set their own slope and u near 0: what they pinned down is no longer
 unseen drift. sd(t) grows with t either way.
@@ -77,8 +77,8 @@ by ``tau = heuristic.delay_trend x k d`` per doubling of the step (relative, as 
 E = 1 (a stale gradient is expected to do no better than a fresh one), in the Kalman step and in
 the value of the next probe (after two probes both move by the probes' trend b, whose prior mean
 the rise then is; until 2026-12-05 the Kalman step had no trend after two probes and b entered
-only the value of a probe, so a belief pulled down by noisy probes never rose again); the default 0.24 is the median over the 8
-cells of E's signed slope over k d (``scripts/calibrate_drift.py``). In a run that starts in async
+only the value of a probe, so a belief pulled down by noisy probes never rose again); the default
+0.24 is the median over the 8 cells of E's signed slope over k d (``scripts/calibrate_drift.py``). In a run that starts in async
 it puts off a probe of sync that the unseen drift alone would bring on (at d = 3, where the drift
 is 0.50 per doubling); where E falls instead (the observation streams' crossings), the first two
 probes overrule it through their trend (precise there).
@@ -228,7 +228,7 @@ class Gain(Prober):
             move = b * self.belief_step * doublings / R if R > 0 else 0.0
         # (a stale gradient is expected to do no better than a fresh one, and to make no negative
         # progress: a move stops at E = 1 going up and at E = 0 going down)
-        prior_E = (max(self.E, min(1.0, self.E + move)) if move > 0 else min(self.E, max(0.0, self.E + move)))
+        prior_E = max(self.E, min(1.0, self.E + move)) if move > 0 else min(self.E, max(0.0, self.E + move))
         prior_var = self.var + widen * widen
         k = prior_var / (prior_var + se * se) if prior_var + se * se > 0 else 1.0
         self.E, self.var, self.belief_step = prior_E + k * (e_hat - prior_E), (1 - k) * prior_var, max(step, 1)
@@ -282,9 +282,9 @@ class Gain(Prober):
     def trend(self, now: int, scale: float) -> tuple[float, float]:
         """Slope of G over steps from the last four probes and its variance: weighted least squares
         with a normal prior on the slope, mean :meth:`trend_prior_mean` and sd
-        :meth:`trend_prior_sd`; (0, 0) before two probes, the prior's mean without a drift. The drift is the
-        measured spread of E's slope per doubling over runs (``scripts/calibrate_drift.py``), so it
-        is the slope's prior: probes as noisy as the belief (a flat stretch of the loss) leave the
+        :meth:`trend_prior_sd`; (0, 0) before two probes, the prior's mean without a drift. The
+        drift is the measured spread of E's slope per doubling over runs
+        (``scripts/calibrate_drift.py``), so it is the slope's prior: probes as noisy as the belief (a flat stretch of the loss) leave the
         slope near its prior's mean (E's expected rise) with the drift's spread, instead of a steep
         slope from two noisy points whose variance, extrapolated over the steps to come, made every
         later probe look worth its cost (the AdamW grid's depth 4: a probe of sync every 100 to 300

@@ -1028,3 +1028,18 @@ def test_gain_state_from_before_the_noises_takes_the_probes_standard_errors():
     del state["noises"]
     h.load_state_dict(state)
     assert h.noises == [0.4, 0.7]
+
+
+def test_gain_a_rising_trend_stops_at_a_fresh_gradients_progress():
+    """The probes' trend lifts the G a probe is valued at only up to R (E = 1: a stale gradient is
+    expected to do no better than a fresh one). From async at G = 1.2, two precise probes rising
+    (0.9 -> 1.2) price a probe of sync out where E has room to rise (R = 3), but where E is already
+    1 (R = 1.2) they price it as flat probes do."""
+    def at(probes, R):
+        h = heuristic("gain", start="async", delay_trend=0.0)
+        h.probes, h.noises = list(probes), [0.5] * len(probes)
+        return h.worth_probing(100, 130, 1.2, 0.3, R, "async", {})
+
+    rising, flat = [(40, 0.9, 0.01), (100, 1.2, 0.01)], [(40, 1.2, 0.01), (100, 1.2, 0.01)]
+    assert at(flat, 3.0) < at(rising, 3.0) == 10_000  # (max_steps: no more probes)
+    assert at(rising, 1.2) == at(flat, 1.2) < 10_000

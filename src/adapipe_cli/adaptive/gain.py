@@ -224,8 +224,7 @@ class Gain(Prober):
             move = self.rise * scale * doublings
         else:  # the probes' trend (G per step, its prior's mean the expected rise: see :meth:`trend`)
             # as a change per doubling from the belief's step, as the rise and the drift are
-            b = self.trend(self.belief_step, R * scale)[0] if R > 0 else 0.0
-            move = b * self.belief_step * doublings / R if R > 0 else 0.0
+            move = self.trend(self.belief_step, R * scale)[0] * self.belief_step * doublings / R if R > 0 else 0.0
         # (a stale gradient is expected to do no better than a fresh one, and to make no negative
         # progress: a move stops at E = 1 going up and at E = 0 going down)
         prior_E = max(self.E, min(1.0, self.E + move)) if move > 0 else min(self.E, max(0.0, self.E + move))

@@ -604,8 +604,9 @@ def test_gain_trend_puts_off_probes_of_sync_and_brings_on_probes_of_async():
     h.update(8 * start, 0.5, 1e9, R=2.0)  # three doublings, 0.5 x 0.675 x 0.95 each; a useless probe
     assert h.E == pytest.approx(1.0)
     # near break-even from async a probe comes at once without a trend, and with one only where E
-    # has room to rise (G = 1.04: E = 0.52 at R = 2, 0.99 at R = 1.05)
-    at = lambda trend, R: heuristic("gain", start="async", delay_trend=trend).worth_probing(  # noqa: E731
+    # has room to rise (G = 1.04: E = 0.52 at R = 2, 0.99 at R = 1.05; a first probe as noisy as
+    # 0.5 in E: at the training loss's 0.9 the rise of 0.01 left at R = 1.05 moves it by one stride)
+    at = lambda trend, R: heuristic("gain", start="async", delay_trend=trend, probe_se=0.5).worth_probing(  # noqa: E731
         100, 130, 1.04, 0.1, R, "async", {})
     assert at(0.0, 2.0) < at(0.24, 2.0) < at(0.5, 2.0)
     assert at(0.0, 1.05) == at(0.5, 1.05)
@@ -1043,3 +1044,20 @@ def test_gain_a_rising_trend_stops_at_a_fresh_gradients_progress():
     rising, flat = [(40, 0.9, 0.01), (100, 1.2, 0.01)], [(40, 1.2, 0.01), (100, 1.2, 0.01)]
     assert at(flat, 3.0) < at(rising, 3.0) == 10_000  # (max_steps: no more probes)
     assert at(rising, 1.2) == at(flat, 1.2) < 10_000
+
+
+def test_gain_prior_probe_noise_follows_the_signal():
+    """Before any probe has measured something, gain takes a probe to be as noisy as the estimator's
+    A/A median on the run's signal (0.5 in E on the held-out loss, 0.9 on the training loss), unless
+    heuristic.probe_se says; a noisier signal puts the first probe of a dominated phase later."""
+    def first(**kw):
+        h = heuristic("gain", start="async", **kw)
+        h.ctx.extra["open_ended"] = True
+        h.ctx.sync_step_time, h.ctx.async_step_time = 1.05 * 1.675, 1.0  # G0 = 1.05 (E_d = 1 / 1.675)
+        return type(h)(h.cfg, h.ctx)
+
+    assert first(signal="train").probe_noise(2.0) == pytest.approx(1.8)
+    assert first(signal="heldout").probe_noise(2.0) == pytest.approx(1.0)
+    assert first(signal="train", probe_se=0.5).probe_noise(2.0) == pytest.approx(1.0)
+    assert first(signal="heldout").next_probe == first(signal="train", probe_se=0.5).next_probe
+    assert first(signal="heldout").next_probe < first(signal="train").next_probe

@@ -104,11 +104,14 @@ A probe at t switches only if the other phase is better, so it is worth its expe
 with s the spread of what the probe can reveal, ``s = sd^2 / sqrt(sd^2 + n^2)`` for a probe as
 noisy as the last ones (standard error n, below; the preposterior spread of a normal belief): a probe of a
 flat stretch of the loss, as noisy as the belief, is worth little. Before the first probe n is
-``heuristic.probe_se`` x R: until 2026-12-03 it was 0, which valued a first probe as if it
-revealed E exactly, while the A/A test of the estimator on the heuristics' own signal (dev seed 3,
+``heuristic.probe_se`` x R, by default the A/A test's median on the run's signal
+(:data:`PROBE_SE`): until 2026-12-03 it was 0, which valued a first probe as if it
+revealed E exactly, while the A/A test of the estimator on the held-out signal (dev seed 3,
 depth 4, docs/results/estimator/signal/) gives a probe's E a standard error of 0.49 at the median
 of 62 windows (0.62 for the 16 at step 50, the first probe's place): wider than the calibrated
-prior at 8 microbatches, so that a first probe there can change little.
+prior at 8 microbatches, so that a first probe there can change little. On the training loss,
+the default signal since 2026-12-04, the same test gives 0.90 (docs/results/estimator/training_loss/),
+which applies since 2026-12-05; before, the held-out signal's 0.5 did.
 After that, n is the lower median of the last three probes' standard errors (since 2026-12-04;
 before, the last probe's), a window where sync's progress could not be measured counting as
 infinitely noisy (it gives no estimate of E; before, it was passed over). So one useless probe
@@ -119,7 +122,7 @@ current phase is believed the better one; in the margin's dead band, where the c
 kept while believed the worse, it still is). On the
 training loss late in a run such windows came one after another (Muon depth 8, held-out seed 3:
 three probes of sync in a row, 123 steps apart, each without measurable sync progress); until a
-probe has measured anything, n stays ``heuristic.probe_se`` x R.
+probe has measured anything, n stays that prior noise.
 
 over the time left, ``V(t) = EI(t) x H(t) x step time of the current phase``, H(t) the steps left
 (to ``max_steps``; in a run that stops at a target, whose end is unknown, as many as have passed,
@@ -164,6 +167,17 @@ import math
 from .base import ASYNC, SYNC, Context, Decision, Observation
 from .estimate import fit_rates
 from .probing import CLEAR, DECISIVE, UNCLEAR, Prober, other
+
+
+# The standard error in E a probe has on each signal before one has measured anything: the median
+# of the estimator's A/A test (``scripts/probe_estimator.py``: stretches of runs without a switch
+# labelled as a probe's window, dev seed 3, gpt-micro, AdamW, depth 4 with 1 and 8 microbatches,
+# synthetic data and tinyshakespeare; docs/results/estimator/), a window without measurable sync
+# progress counting as infinitely noisy: 0.497 over 64 windows of the held-out signal, 0.904 over
+# 102 of the training loss (0.80 over its 88 fitted windows; at tinyshakespeare with one
+# microbatch, the grids' kind of cell, 10 of its 14 probes of sync measured nothing). Until
+# 2026-12-05 the held-out signal's 0.5 applied to the training loss too.
+PROBE_SE = {"heldout": 0.5, "train": 0.9}
 
 
 def expected_improvement(m: float, sd: float) -> float:
@@ -350,9 +364,16 @@ class Gain(Prober):
         three probe windows' (one without measurable sync progress counting as infinite), or
         ``heuristic.probe_se`` x R until a window has measured something."""
         if not any(math.isfinite(n) for n in self.noises):
-            return self.cfg.probe_se * R
+            return self.prior_probe_se() * R
         last = sorted(self.noises[-3:])
         return last[(len(last) - 1) // 2]
+
+    def prior_probe_se(self) -> float:
+        """``heuristic.probe_se``, or by default the median standard error in E of the estimator's
+        A/A test on the run's signal (:data:`PROBE_SE`)."""
+        if self.cfg.get("probe_se") is not None:
+            return float(self.cfg.probe_se)
+        return PROBE_SE[self.cfg.get("signal", "train")]
 
     def horizon(self, t: int) -> int:
         """Steps left after step t: to ``max_steps``, or in a run that stops at a target (its end

@@ -158,9 +158,12 @@ class HeuristicConfig:
     # E_d (1 - E_d), E_d the delay's prior (wide where the delay is long, narrow where it is short);
     # the root mean square of its errors on 20 rows of the method comparison's seeds 0-5 (scripts/calibrate_prior.py)
     prior_logit_sd: float = 1.0
-    # gain: the standard error of E that a probe is expected to have before one has been made (the
-    # median of the estimator's A/A test on the held-out signal, dev seed 3: 0.49)
-    probe_se: float = 0.5
+    # gain: the standard error of E that a probe is expected to have before one has measured anything;
+    # null: the median of the estimator's A/A test on the run's signal (scripts/probe_estimator.py, dev
+    # seed 3; a window without measurable sync progress counted as infinitely noisy): 0.5 on the
+    # held-out signal (0.497, 64 windows), 0.9 on the training loss (0.904, 102 windows; until
+    # 2026-12-05 the held-out signal's 0.5 applied to both)
+    probe_se: Optional[float] = None
     start: str = "auto"  # sync | async | auto (by the predicted throughput ratio and prior_efficiency)
     prior_efficiency: Optional[float] = None  # start=auto: async first if R x E > 1 (null: from the optimizer and the gradient delay)
     # steps in sync before async is run or probed (an async stretch early in training does lasting

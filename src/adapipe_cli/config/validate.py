@@ -167,6 +167,8 @@ def _check_schedule(cfg) -> None:
           "stage sum their embedding gradients at a flush): use schedule=1f1b, gpipe, zbh1 or zbh2, or untied embeddings")
     _need(cfg.heuristic.name.replace("_", "").isalnum(), f"unknown heuristic {cfg.heuristic.name!r}")
     for key in ("delay_drift", "prior_logit_sd", "probe_se"):  # spreads: a negative one would be squared into a valid-looking one
+        if key == "probe_se" and cfg.heuristic[key] is None:  # (null: the run's signal's A/A median)
+            continue
         _need(math.isfinite(cfg.heuristic[key]) and cfg.heuristic[key] >= 0, f"heuristic.{key}={cfg.heuristic[key]}: give a spread >= 0")
     _need(math.isfinite(cfg.heuristic.delay_trend) and cfg.heuristic.delay_trend >= 0,
           f"heuristic.delay_trend={cfg.heuristic.delay_trend}: give a rise >= 0 (E's per doubling per unit of k d; 0: none)")

@@ -424,3 +424,7 @@ def test_a_checkpoint_from_before_a_changed_default_is_refused_with_the_override
         "heuristic.signal=heldout)"]
     assert checkpoint.config_differences({"heuristic": {"signal": "train"}}, {"heuristic": {"signal": "heldout"}}) == [
         "heuristic.signal='train' in the checkpoint, 'heldout' now"]
+    # gain's probe_se: 0.5 until 2026-12-05, now null (the A/A median of the run's signal)
+    assert checkpoint.config_differences({"heuristic": {"probe_se": 0.5}}, {"heuristic": {"probe_se": None}}) == [
+        "heuristic.probe_se=0.5 in the checkpoint, None now (the default until 2026-12-05: resume with "
+        "heuristic.probe_se=0.5)"]

@@ -58,7 +58,7 @@ SINCE = {"pipeline.replicas": 1, "pipeline.dp_bandwidth": 0.0, "pipeline.dp_late
          "heuristic.probe_se": 0.5}
 # keys whose default changed: (the default before, since when); a checkpoint holding the old one
 # is refused with the override that resumes it
-CHANGED_DEFAULTS = {"heuristic.signal": ("heldout", "2026-12-04")}
+CHANGED_DEFAULTS = {"heuristic.signal": ("heldout", "2026-12-04"), "heuristic.probe_se": (0.5, "2026-12-05")}
 # where the data and the cost profile are read from: free when the checkpoint records fingerprints
 # of what they held (see :mod:`.fingerprint`), so that a file may move but not change
 LOCATION_KEYS = {"data.path", "data.train", "data.valid", "pipeline.profile"}

@@ -428,3 +428,24 @@ def test_a_checkpoint_from_before_a_changed_default_is_refused_with_the_override
     assert checkpoint.config_differences({"heuristic": {"probe_se": 0.5}}, {"heuristic": {"probe_se": None}}) == [
         "heuristic.probe_se=0.5 in the checkpoint, None now (the default until 2026-12-05: resume with "
         "heuristic.probe_se=0.5)"]
+
+
+def test_probe_se_binds_only_a_gain_run_on_resume():
+    """heuristic.probe_se prices only gain's probes: a checkpoint of another run holding its old
+    default (0.5) resumes under the new one (null); a gain run's is refused (its next probes would
+    be priced otherwise)."""
+    from adapipe_cli import checkpoint
+
+    def cfg(schedule, heuristic, se):
+        return {"schedule": {"name": schedule}, "heuristic": {"name": heuristic, "probe_se": se},
+                "optim": {"decay": "constant"}, "pipeline": {"clock": "auto"}, "train": {"max_steps": 10}}
+
+    for schedule, heuristic in (("1f1b", "goodput"), ("adapipe", "goodput"), ("adapipe", "rate")):
+        old, now = cfg(schedule, heuristic, 0.5), cfg(schedule, heuristic, None)
+        free = checkpoint.resume_free_keys({"config": old}, now)
+        assert checkpoint.config_differences(old, now, free) == []
+    old, now = cfg("adapipe", "gain", 0.5), cfg("adapipe", "gain", None)
+    free = checkpoint.resume_free_keys({"config": old}, now)
+    assert checkpoint.config_differences(old, now, free) == [
+        "heuristic.probe_se=0.5 in the checkpoint, None now (the default until 2026-12-05: resume with "
+        "heuristic.probe_se=0.5)"]

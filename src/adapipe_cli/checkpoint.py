@@ -79,8 +79,12 @@ def resume_free_keys(manifest: dict, current: dict) -> set[str]:
     constant = saved["optim"]["decay"] == current["optim"]["decay"] == "constant"
     runtime = manifest.get("runtime", "local")
     clocks = {clock_of(c["pipeline"].get("clock", "auto"), runtime) for c in (saved, current)}
+    # gain's probe_se prices only gain's probes: free for every other run (whose checkpoints from
+    # before 2026-12-05 hold its old default, 0.5)
+    gain = all(c["schedule"]["name"] == "adapipe" and c["heuristic"]["name"] == "gain" for c in (saved, current))
     return (free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
-            | ({"pipeline.clock"} if len(clocks) == 1 else set()))
+            | ({"pipeline.clock"} if len(clocks) == 1 else set())
+            | (set() if gain else {"heuristic.probe_se"}))
 
 
 # the clock of pipeline.clock=auto on each runtime (a run written before auto existed says profiled)

@@ -445,7 +445,13 @@ def test_probe_se_binds_only_a_gain_run_on_resume():
         free = checkpoint.resume_free_keys({"config": old}, now)
         assert checkpoint.config_differences(old, now, free) == []
     old, now = cfg("adapipe", "gain", 0.5), cfg("adapipe", "gain", None)
+    for c in (old, now):
+        c["heuristic"]["signal"] = "train"
     free = checkpoint.resume_free_keys({"config": old}, now)
     assert checkpoint.config_differences(old, now, free) == [
         "heuristic.probe_se=0.5 in the checkpoint, None now (the default until 2026-12-05: resume with "
         "heuristic.probe_se=0.5)"]
+    # on the held-out signal null means 0.5: the same run
+    for c in (old, now):
+        c["heuristic"]["signal"] = "heldout"
+    assert checkpoint.config_differences(old, now, checkpoint.resume_free_keys({"config": old}, now)) == []

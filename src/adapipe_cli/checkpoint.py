@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .adaptive.gain import PROBE_SE
 from .config import RETIRED_DEFAULTS, RETIRED_KEYS
 
 MANIFEST = "manifest.json"
@@ -80,11 +81,15 @@ def resume_free_keys(manifest: dict, current: dict) -> set[str]:
     runtime = manifest.get("runtime", "local")
     clocks = {clock_of(c["pipeline"].get("clock", "auto"), runtime) for c in (saved, current)}
     # gain's probe_se prices only gain's probes: free for every other run (whose checkpoints from
-    # before 2026-12-05 hold its old default, 0.5)
+    # before 2026-12-05 hold its old default, 0.5), and for a gain run whose null now means the
+    # value it holds (0.5 on the held-out signal)
     gain = all(c["schedule"]["name"] == "adapipe" and c["heuristic"]["name"] == "gain" for c in (saved, current))
+    h_saved, h_now = saved["heuristic"], current["heuristic"]
+    same_se = (h_now.get("probe_se") is None and h_saved.get("signal") == h_now.get("signal")
+               and h_saved.get("probe_se") == PROBE_SE.get(h_now.get("signal")))
     return (free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
             | ({"pipeline.clock"} if len(clocks) == 1 else set())
-            | (set() if gain else {"heuristic.probe_se"}))
+            | (set() if gain and not same_se else {"heuristic.probe_se"}))
 
 
 # the clock of pipeline.clock=auto on each runtime (a run written before auto existed says profiled)

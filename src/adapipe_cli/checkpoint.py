@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .adaptive.gain import PROBE_SE
+from .adaptive.gain import prior_probe_se
 from .config import RETIRED_DEFAULTS, RETIRED_KEYS
 
 MANIFEST = "manifest.json"
@@ -86,7 +86,7 @@ def resume_free_keys(manifest: dict, current: dict) -> set[str]:
     gain = all(c["schedule"]["name"] == "adapipe" and c["heuristic"]["name"] == "gain" for c in (saved, current))
     h_saved, h_now = saved["heuristic"], current["heuristic"]
     same_se = (h_now.get("probe_se") is None and h_saved.get("signal") == h_now.get("signal")
-               and h_saved.get("probe_se") == PROBE_SE.get(h_now.get("signal")))
+               and h_saved.get("probe_se") == prior_probe_se(h_now))
     return (free_keys(manifest) | ({"train.max_steps"} if sync and constant else set())
             | ({"pipeline.clock"} if len(clocks) == 1 else set())
             | (set() if gain and not same_se else {"heuristic.probe_se"}))

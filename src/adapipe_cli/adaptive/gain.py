@@ -180,6 +180,14 @@ from .probing import CLEAR, DECISIVE, UNCLEAR, Prober, other
 PROBE_SE = {"heldout": 0.5, "train": 0.9}
 
 
+def prior_probe_se(heuristic) -> float:
+    """A heuristic config's (or its dict's) ``probe_se``, or by default the median standard error in
+    E of the estimator's A/A test on its signal (:data:`PROBE_SE`)."""
+    if heuristic.get("probe_se") is not None:
+        return float(heuristic["probe_se"])
+    return PROBE_SE[heuristic.get("signal", "train")]
+
+
 def expected_improvement(m: float, sd: float) -> float:
     """E[max(0, -X)] for X ~ Normal(m, sd^2): how much a switch gains on average, when the current
     phase is believed ``m`` better (in goodput) with spread ``sd``."""
@@ -362,18 +370,11 @@ class Gain(Prober):
     def probe_noise(self, R: float) -> float:
         """The standard error (in G) the next probe is expected to have: the lower median of the last
         three probe windows' (one without measurable sync progress counting as infinite), or
-        ``heuristic.probe_se`` x R until a window has measured something."""
+        :func:`prior_probe_se` x R until a window has measured something."""
         if not any(math.isfinite(n) for n in self.noises):
-            return self.prior_probe_se() * R
+            return prior_probe_se(self.cfg) * R
         last = sorted(self.noises[-3:])
         return last[(len(last) - 1) // 2]
-
-    def prior_probe_se(self) -> float:
-        """``heuristic.probe_se``, or by default the median standard error in E of the estimator's
-        A/A test on the run's signal (:data:`PROBE_SE`)."""
-        if self.cfg.get("probe_se") is not None:
-            return float(self.cfg.probe_se)
-        return PROBE_SE[self.cfg.get("signal", "train")]
 
     def horizon(self, t: int) -> int:
         """Steps left after step t: to ``max_steps``, or in a run that stops at a target (its end

@@ -83,6 +83,12 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, m
     # the cost profile measured by the workers, each its own stages where they run
     prof = json.loads((tmp_path / "dist" / "profile.json").read_text())
     assert prof["meta"]["devices"] == ["cpu"] * n and all(f > 0 for f in prof["forward"])
+    # ... with their thread CPU seconds per kind (at most the wall seconds), the cores the workers
+    # shared, and the transport threads' CPU per message end (for simulator.shared)
+    cpu = prof["meta"]["cpu"]
+    assert all(len(cpu[k]) == n and all(0 < c <= w + 1e-4 for c, w in zip(cpu[k], prof[k])) for k in ("forward", "backward"))
+    assert prof["meta"]["host"] == {"cores": usable_cores(), "workers": stages, "threads": 1}
+    assert prof["link"]["thread_cpu_s"] >= 0 and all("thread_cpu_s" in pair for pair in prof["link"]["pairs"])
     assert (tmp_path / "dist" / "curves.png").stat().st_size > 0
     # where the time went: each stage's actions over the window (the reports after U(warm - 1) and
     # after the last update) against what the profile charges for them

@@ -98,3 +98,6 @@ def test_the_link_of_a_pipeline_is_the_mean_of_its_pairs():
     link = link_model(pairs)
     assert link["latency_s"] == pytest.approx(2e-4) and link["bandwidth"] == pytest.approx(2e9)
     assert link["pairs"] == pairs
+    assert link["thread_cpu_s"] == 0.0  # (pairs from before it was measured)
+    pairs[0]["thread_cpu_s"], pairs[1]["thread_cpu_s"] = 1e-5, 3e-5
+    assert link_model(pairs)["thread_cpu_s"] == pytest.approx(2e-5)

@@ -381,3 +381,49 @@ def test_the_profile_times_the_held_out_signals_forward(make_cfg):
     assert join_profiles(parts, rounds=1).signal == [parts[0].signal[0], parts[1].signal[0]]
     mixed = join_profiles([parts[0], measure_profile([stages[1]], opt, x, x, reps=1)], rounds=1)
     assert mixed.signal == [] and "signal_rows" not in mixed.meta
+
+
+def test_the_cpu_time_of_each_call_is_the_threads_own_not_its_wait():
+    """``time_interleaved(cpu=...)`` keeps the same statistic of each call's thread CPU seconds:
+    a call that sleeps has a wall time but almost no CPU time, one that computes has both."""
+    import time
+
+    from adapipe_cli.runtime.profile import time_interleaved
+
+    def spin():
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.004:
+            pass
+
+    cpu: dict = {}
+    t = time_interleaved({"sleep": lambda: time.sleep(0.005), "spin": spin}, rounds=2, passes=2, cpu=cpu)
+    assert t["sleep"][0] >= 0.005 and cpu["sleep"] < 0.002
+    assert cpu["spin"] >= 0.004 and t["spin"][0] >= cpu["spin"] - 1e-4
+    assert time_interleaved({"sleep": lambda: time.sleep(0.001)}, rounds=1, passes=1).keys() == {"sleep"}
+
+
+def test_a_profile_measured_with_cpu_time_holds_it_per_kind_and_joins_it_per_stage(make_cfg):
+    """``measure_profile(cpu_time=True)`` puts each kind's thread CPU seconds in ``meta["cpu"]``
+    (at most its wall seconds: the same statistic, the minimum, over the same calls); joined
+    per-stage parts keep them in stage order, and a profile measured without has none."""
+    from adapipe_cli.runtime.profile import KINDS, join_profiles, measure_profile
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+
+    cfg = make_cfg("pipeline.stages=2")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
+    prof = measure_profile(stages, opt, x, x, reps=2, cpu_time=True, signal_rows=3)
+    cpu = prof.meta["cpu"]
+    assert set(cpu) == {*KINDS, "signal"} and all(len(v) == 2 for v in cpu.values())
+    assert cpu["data"] == [0.0, 0.0]  # (no data source given: data costs nothing, as its wall time)
+    for kind in ("forward", "backward", "update", "input", "weight", "copy", "predict", "accumulate"):
+        wall = getattr(prof, kind)
+        assert all(0 <= c <= w + 1e-4 for c, w in zip(cpu[kind], wall)), kind
+    assert cpu["forward"][0] > 0 and cpu["backward"][1] > 0
+    assert "cpu" not in measure_profile(stages, opt, x, x, reps=1).meta
+    parts = [measure_profile([st], opt, x, x, reps=1, cpu_time=True) for st in stages]
+    joined = join_profiles(parts, rounds=1).meta["cpu"]
+    assert joined["forward"] == [parts[0].meta["cpu"]["forward"][0], parts[1].meta["cpu"]["forward"][0]]
+    assert "cpu" not in join_profiles([parts[0], measure_profile([stages[1]], opt, x, x, reps=1)], rounds=1).meta

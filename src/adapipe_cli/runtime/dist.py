@@ -153,9 +153,11 @@ def nonfinite_part(entries: list, stages: int, replicas: int) -> tuple[int, int 
 
 def link_model(pairs: list[dict]) -> dict:
     """One link for the simulator from the ping-pongs of each pair of neighbouring stages
-    (:meth:`.dist_transport.DistTransport.measure_link`): their mean latency and bandwidth."""
-    mean = lambda k: sum(x[k] for x in pairs) / len(pairs)  # noqa: E731
-    return {"latency_s": mean("latency_s"), "bandwidth": mean("bandwidth"), "bytes": pairs[0]["bytes"],
+    (:meth:`.dist_transport.DistTransport.measure_link`): their mean latency, bandwidth and CPU of
+    the transport's threads per message end."""
+    mean = lambda k: sum(x.get(k, 0.0) for x in pairs) / len(pairs)  # noqa: E731
+    return {"latency_s": mean("latency_s"), "bandwidth": mean("bandwidth"), "thread_cpu_s": mean("thread_cpu_s"),
+            "bytes": pairs[0]["bytes"],
             "pairs": pairs, "method": f"ping-pong between neighbouring stages at start-up, median of {pairs[0]['rounds']}"}
 
 
@@ -223,6 +225,8 @@ class DistRuntime:
         cores = usable_cores()
         threads = cfg.pipeline.threads or max(1, cores // per_node)
         self.shared = shared_cores(per_node, threads, self.backend, cores)
+        # (gloo: the CPUs the workers on this node compute on, which the start-up profile records)
+        self.host = {"cores": cores, "workers": per_node, "threads": threads} if self.backend == "gloo" else None
         if self.shared:
             print(f"adapipe: warning: {per_node} workers x {threads} thread{'s' if threads > 1 else ''} share "
                   f"{self.shared[1]} cores: each computes part of the time, so the step times are not those of a "
@@ -266,7 +270,10 @@ class DistRuntime:
         parts = [CostProfile(**d) for d in self._collect(keys)]
         for key in keys:
             self.board.delete(key)
-        return join_profiles(parts, rounds=self.cfg.pipeline.profile_reps, chunks=self.chunks, shared=self.shared)
+        prof = join_profiles(parts, rounds=self.cfg.pipeline.profile_reps, chunks=self.chunks, shared=self.shared)
+        if self.host:  # what a prediction with the stages sharing the cores needs (simulator.shared)
+            prof.meta["host"] = self.host
+        return prof
 
     def _start(self, ranks: list[int], log_dir: Path) -> None:
         ctx = worker_context()

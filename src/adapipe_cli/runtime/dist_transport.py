@@ -222,7 +222,10 @@ class DistTransport:
         """Latency and bandwidth of the link to the next stage, from a ping-pong before training:
         ``latency`` is half the median round trip of a 1-element message, and
         ``bandwidth = bytes / (t - latency)`` with ``t`` half the median round trip of a message
-        of ``numel`` elements (an activation). Every rank calls it, in rank order along the
+        of ``numel`` elements (an activation). ``thread_cpu_s``: the CPU seconds the process's
+        other threads (gloo's, which move the bytes) spent per message of ``numel`` elements sent
+        or received, at one end, during those round trips (0 on a GPU: not CPU work that a
+        computing worker waits for). Every rank calls it, in rank order along the
         pipeline (rank s measures with s - 1, then with s + 1); the last rank returns None."""
         out = None
         for peer in (self.s - 1, self.s + 1):
@@ -233,6 +236,7 @@ class DistTransport:
             for n in (1, max(1, numel)):
                 x = torch.zeros(n, dtype=self.dtype, device=self.device)
                 rt = []
+                c0 = time.process_time() - time.thread_time()  # (the process's other threads: gloo's)
                 for _ in range(rounds + 2):  # (the first two warm the connection up)
                     t0 = time.perf_counter()
                     if peer > self.s:
@@ -245,11 +249,13 @@ class DistTransport:
                         torch.cuda.synchronize(self.device)
                     rt.append(time.perf_counter() - t0)
                 times.append(statistics.median(rt[2:]) / 2)
+                threads_cpu = (time.process_time() - time.thread_time() - c0) / (2 * (rounds + 2))
             if peer > self.s:
                 latency, big = times
                 nbytes = max(1, numel) * torch.empty((), dtype=self.dtype).element_size()
                 out = {"latency_s": latency, "bandwidth": nbytes / max(big - latency, 1e-9), "bytes": nbytes,
-                       "one_way_s": big, "rounds": rounds}
+                       "one_way_s": big, "rounds": rounds,
+                       "thread_cpu_s": threads_cpu if self.device.type == "cpu" else 0.0}
         return out
 
     def _mine(self, group: tuple[int, ...]) -> list[int]:

@@ -71,20 +71,27 @@ class Work:
     run: Callable
     setup: Callable | None = None
 
-    def __call__(self, timer: Callable[[], float]) -> float:
+    def __call__(self, timer: Callable[[], float], cpu: list[float] | None = None) -> float:
+        """The seconds of one call of ``run`` by ``timer``; with ``cpu``, its CPU seconds on this
+        thread (``time.thread_time``: its work on one core, without the time it waited for one)
+        are appended there (not with a device's own timer: its work is not the thread's)."""
         arg = self.setup() if self.setup is not None else None
         span = getattr(timer, "span", None)  # a device's own timer (CUDA events)
         if span is not None:
             return span(lambda: self.run(arg) if self.setup is not None else self.run())
+        c0 = time.thread_time() if cpu is not None else 0.0
         t0 = timer()
         self.run(arg) if self.setup is not None else self.run()
-        return timer() - t0
+        t = timer() - t0
+        if cpu is not None:
+            cpu.append(time.thread_time() - c0)
+        return t
 
 
 def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes: int = PASSES,
                      timer: Callable[[], float] = time.perf_counter,
                      until: Callable[[], bool] | None = None,
-                     statistic: str = "min") -> dict[Hashable, tuple[float, float]]:
+                     statistic: str = "min", cpu: dict | None = None) -> dict[Hashable, tuple[float, float]]:
     """Per name: (seconds, spread). After one untimed warm-up call of each, ``passes`` x
     ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
     U, ...). With t[p][r] the time of round r of pass p and S the ``statistic`` (min or median):
@@ -97,16 +104,19 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
     ``work`` values are zero-argument callables or :class:`Work` (with an untimed setup).
     ``until``: after the timed rounds, the work goes on, untimed, a round at a time, until
     ``until()`` is true (a dist worker whose peers still measure: their rounds must see it
-    computing, as they will in the run)."""
+    computing, as they will in the run). ``cpu``: a dict that gets, per name, the same
+    statistic of the timed calls' thread CPU seconds (:class:`Work`; empty on a device with its
+    own timer)."""
     stat = STATISTICS[statistic]
     items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
     for w in items.values():
         w(timer)  # warm-up: allocator, caches, lazy initialisation
     runs = {name: [[] for _ in range(passes)] for name in items}  # per name, per pass: the rounds' times
+    cpus = {name: [] for name in items} if cpu is not None else {}
     for p in range(passes):
         for _ in range(max(1, rounds)):
             for name, w in items.items():
-                runs[name][p].append(w(timer))
+                runs[name][p].append(w(timer, cpus.get(name)))
     while until is not None and not until():
         for w in items.values():
             w(timer)
@@ -114,6 +124,8 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
     for name, per_pass in runs.items():
         m = [stat(ts) for ts in per_pass]
         out[name] = (stat([t for ts in per_pass for t in ts]), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0)
+        if cpus.get(name):
+            cpu[name] = stat(cpus[name])
     return out
 
 
@@ -255,7 +267,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     precision: str = "fp32", grad_clip: float = 0.0,
                     make_batch: Callable[[int], object] | None = None,
                     until: Callable[[], bool] | None = None, statistic: str = "min",
-                    signal_rows: int = 0) -> CostProfile:
+                    signal_rows: int = 0, cpu_time: bool = False) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
@@ -263,7 +275,10 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     ``data`` cost (the clock charges it where a stage reads the batch); None: data costs nothing.
     ``until``, ``statistic``: :func:`time_interleaved`'s (keep computing, untimed, until the peers
     are done; ``min``, the quiet value, or ``median``, the typical call). ``signal_rows``: the
-    held-out signal's forward of that many rows is timed too (``CostProfile.signal``; 0: not)."""
+    held-out signal's forward of that many rows is timed too (``CostProfile.signal``; 0: not).
+    ``cpu_time``: the same statistic of each kind's thread CPU seconds goes into ``meta["cpu"]``
+    (per kind, per stage; on a CPU device only): its work on one core, which the stages of a
+    pipeline that share fewer cores than they are take turns at (:mod:`..simulator.shared`)."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
@@ -274,7 +289,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             work.update({(s, kind): w[kind] for kind in (*KINDS, "signal") if kind in w})
             work.update({(s, key): w[key] for key in w if isinstance(key, tuple)})
             act_bytes = act_bytes or b
-        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic)
+        cpu = {} if cpu_time and tokens.device.type == "cpu" else None
+        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic, cpu=cpu)
         work.clear()  # (the in-flight pools' graphs: freed before the memory is measured)
         w = None
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
@@ -290,6 +306,11 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     signal = [t[(s, "signal")][0] for s in range(len(stages))] if signal_rows else []
     meta = {**(meta or {}), "method": f"{statistic} over {PASSES} passes x {max(1, reps)} interleaved rounds",
             "statistic": statistic, "spread": spread, **({"signal_rows": signal_rows} if signal_rows else {})}
+    if cpu:
+        meta["cpu"] = {kind: [cpu[(s, kind)] for s in range(len(stages))] for kind in (*KINDS, "signal")
+                       if all((s, kind) in cpu for s in range(len(stages)))}
+        if make_batch is None:
+            meta["cpu"]["data"] = [0.0] * len(stages)
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
@@ -376,6 +397,11 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     signal = col("signal") if all(pt.signal for pt in parts) else []
     if not signal:
         meta.pop("signal_rows", None)
+    cpu = [pt.meta.get("cpu") or {} for pt in parts]  # (measure_profile's cpu_time)
+    meta.pop("cpu", None)
+    kinds = [k for k in cpu[0] if all(k in c for c in cpu)]
+    if kinds:
+        meta["cpu"] = {k: [cpu[d][k][j] for d, j in at] for k in kinds}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],

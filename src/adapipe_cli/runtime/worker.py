@@ -309,7 +309,8 @@ class Worker:
             dist.barrier()  # every worker (of every replica) starts measuring at once, as all compute in the run
             # the median call, not the quiet minimum: the prediction from this profile is of this run's steps
             prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None,
-                                         until=all_measured(board, dist.get_world_size()), statistic="median")
+                                         until=all_measured(board, dist.get_world_size()), statistic="median",
+                                         cpu_time=True)
             prof.meta["device"] = str(device)
             prof.meta["method"] += ", every worker measuring at once"
             if self.reporter:

@@ -8,7 +8,9 @@
    (``--chunks`` per worker) against ``ScheduleInterleaved1F1B`` with as many stages per rank.
 2. adapipe's dist step time (1F1B, PipeDream and an AdaPipe run) / the simulator's prediction
    from the run's own profile.json: its measured costs and the link its workers measured at
-   start-up, timing the phases the run actually had (goal within 5%); again from the in-run
+   start-up, timing the phases the run actually had (goal within 5%); again from the same
+   profile with the workers sharing the machine's cores (``simulator.shared``: each action at its
+   start-up CPU seconds, the cores the workers had, gloo's CPU per message end); again from the in-run
    profile (``profile_in_run.json``: each action at what it cost in a run) of another run, this
    repeat's 1F1B run (for 1F1B, the repeat before's; for interleaved, whose profile has a row per
    chunk, the repeat before's interleaved run): costs measured as a pipeline computes, on the same
@@ -60,6 +62,7 @@ from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signal_rows, virtual_stages  # noqa: E402
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
+from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.train.build import pick_sync  # noqa: E402
 
@@ -104,7 +107,8 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
     step again with each action at its in-run cost, :func:`in_run_profile`; and with the
     ``profile_in_run.json`` of another run, ``reference``, where it has as many stages: a
-    prediction from costs measured as a pipeline computes, but not this one's)."""
+    prediction from costs measured as a pipeline computes, but not this one's; and the step from the
+    run's own profile with the workers sharing the cores, :func:`shared_prediction`)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -130,7 +134,24 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     if other is not None and other.stages != prof.stages:  # (whole stages for virtual ones, or the reverse: left out)
         other = None
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
-            predict(other) if other else None)
+            predict(other) if other else None, shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce))
+
+
+def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
+                      allreduce: AllReduceModel | None) -> float | None:
+    """The steady step predicted from the run's own start-up profile with its workers sharing the
+    cores they ran on (:func:`adapipe_cli.simulator.shared.simulate_shared`): each action at its
+    start-up CPU seconds, gloo's threads at the link's CPU per message end; None for a profile
+    without them (a run of a version before 2026-12-05, or not on gloo)."""
+    cpu, host = cpu_profile(prof), prof.meta.get("host")
+    if cpu is None or not host:
+        return None
+    held_out = cfg.schedule.name == "adapipe" and cfg.heuristic.signal == "heldout"
+    signal = cpu.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
+    return simulate_shared(spec, plan, cpu, host["cores"], replicas=replicas,
+                           message_cpu_s=float(prof.link.get("thread_cpu_s", 0.0)), link=link,
+                           mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal,
+                           window=window).step_time
 
 
 def where_time_went(table: dict | None) -> dict:
@@ -406,6 +427,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))
+            shared = [r[0] / r[5] for r in rs if len(r) > 5 and r[5]]  # (a bench.json from before it has none)
+            if shared:
+                rows.append((f"p={p}: {schedule} measured / simulated, sharing the cores", fmt(shared),
+                             "its own profile's CPU seconds, the workers sharing the machine's cores; goal within 5%"))
             inrun = [r[0] / r[3] for r in rs if len(r) > 3 and r[3]]  # (a bench.json from before it has none)
             if inrun:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),
@@ -438,6 +463,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * x[0] for x in rs]), f"{r * p} workers"))
                 rows.append((f"{name} step, simulated (ms)", fmt([1e3 * x[1] for x in rs]), "its own profile, all_gather on its link"))
                 rows.append((f"{name} measured / simulated", fmt([x[0] / x[1] for x in rs]), "goal within 15%"))
+                shared = [x[0] / x[5] for x in rs if len(x) > 5 and x[5]]
+                if shared:
+                    rows.append((f"{name} measured / simulated, sharing the cores", fmt(shared),
+                                 "its own profile's CPU seconds, the workers sharing the machine's cores"))
                 inrun = [x[0] / x[3] for x in rs if len(x) > 3 and x[3]]
                 if inrun:
                     rows.append((f"{name} measured / simulated at in-run costs", fmt(inrun),

@@ -34,7 +34,9 @@ def finished_run(tmp_path_factory):
     of refused resumes (a refused resume writes nothing, which they check); a test whose resume
     succeeds works on a copy."""
     d = tmp_path_factory.mktemp("finished") / "run"
-    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+    with pytest.MonkeyPatch.context() as m:  # (set up before the test's own fixtures: conftest's cache, here too)
+        m.setenv("ADAPIPE_CACHE", str(tmp_path_factory.getbasetemp() / "adapipe-cache"))
+        assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
     return d
 
 

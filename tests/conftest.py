@@ -41,6 +41,28 @@ def _cache_dir(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ADAPIPE_CACHE", str(tmp_path_factory.getbasetemp() / "adapipe-cache"))
 
 
+@pytest.fixture(autouse=True)
+def _run_plots_unrendered(request, monkeypatch):
+    """A run's plots (``plot_run``) are built from its records, every figure and artist, but not
+    laid out, drawn or written: drawing was a third of a tiny run's time. Tests marked ``plots``
+    (those that check the files: a sync run, a switching run, a dist run) draw and write them."""
+    if request.node.get_closest_marker("plots"):
+        return
+    from matplotlib.figure import Figure
+
+    from adapipe_cli.train import loop
+
+    real = loop.plot_run
+
+    def unrendered(*args, **kwargs):
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
+            m.setattr(Figure, "savefig", lambda self, *a, **k: None)
+            return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "plot_run", unrendered)
+
+
 def shared_data_dir():
     """The read-only real text beside the project (../shared/data), or $ADAPIPE_SHARED_DATA."""
     from pathlib import Path

@@ -58,6 +58,7 @@ TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=
 
 # rate asks its difference to be beyond 2 standard errors, which a probe of 10 steps here just misses
 # (async 0.46/s against sync 0.13/s, se 0.17): it probes for 12
+@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 @pytest.mark.parametrize("heuristic, extra", [pytest.param("rate", ["heuristic.probe_steps=12"], marks=pytest.mark.slow),
                                               ("goodput", []), ("gain", [])])
 def test_heuristics_switch_and_reach_the_target(heuristic, extra, make_cfg, tmp_path):

@@ -28,6 +28,18 @@ def run(run_dir, *overrides):
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 4-step run on 2 stages with checkpoints at steps 2 and 4, shared by the tests
+    of refused resumes (a refused resume writes nothing, which they check); a test whose resume
+    succeeds works on a copy."""
+    d = tmp_path_factory.mktemp("finished") / "run"
+    with pytest.MonkeyPatch.context() as m:  # (set up before the test's own fixtures: conftest's cache, here too)
+        m.setenv("ADAPIPE_CACHE", str(tmp_path_factory.getbasetemp() / "adapipe-cache"))
+        assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+    return d
+
+
 @pytest.mark.parametrize("stop", [pytest.param(5, marks=pytest.mark.slow), 10, pytest.param(15, marks=pytest.mark.slow)])
 def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
     whole = tmp_path / "whole"
@@ -53,9 +65,8 @@ def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
     assert capsys.readouterr().err.count("step-0000012 is unusable") == 1  # said once
 
 
-def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys):
-    d = tmp_path / "run"
-    assert run(d, "pipeline.stages=2", "train.max_steps=6", "train.checkpoint_every=3") == 0
+def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys, finished_run):
+    d = finished_run
     capsys.readouterr()
     before = {p.name: p.stat().st_mtime for p in d.rglob("*")}
     assert main(["train", f"train.resume={d}", "pipeline.stages=4"]) == 2
@@ -249,9 +260,9 @@ def test_resume_refuses_a_changed_data_file_and_accepts_it_moved(tmp_path, capsy
     assert json.loads((d / "summary.json").read_text())["steps"] == 4
 
 
-def test_resume_refuses_another_cost_profile(tmp_path, capsys):
+def test_resume_refuses_another_cost_profile(tmp_path, capsys, finished_run):
     d = tmp_path / "run"
-    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+    shutil.copytree(finished_run, d)  # (resumed at the end: a copy of the shared run)
     prof = json.loads((d / "profile.json").read_text())
     same, other = tmp_path / "same.json", tmp_path / "other.json"
     same.write_text(json.dumps(prof))
@@ -324,12 +335,13 @@ def test_a_profile_with_another_link_is_another_clock(make_cfg):
     assert fingerprint.refusal(cfg, "CK", {"fingerprints": configured}, linked) is not None
 
 
-def test_resume_refuses_another_thread_count(tmp_path, capsys):
-    d = tmp_path / "run"
-    assert run(d, "pipeline.stages=2", "train.max_steps=4", "train.checkpoint_every=2") == 0
+def test_resume_refuses_another_thread_count(capsys, finished_run):
+    d = finished_run
+    before = {p: p.stat().st_mtime_ns for p in d.rglob("*")}
     capsys.readouterr()
     assert main(["train", f"train.resume={d}", "pipeline.threads=2"]) == 2
     assert "pipeline.threads=1 in the checkpoint, 2 now" in capsys.readouterr().err
+    assert {p: p.stat().st_mtime_ns for p in d.rglob("*")} == before  # (the run is shared: nothing written)
 
 
 def test_paths_are_free_only_where_the_checkpoint_has_fingerprints():

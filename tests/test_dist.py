@@ -57,6 +57,7 @@ SLOW = [("1f1b", 2, 2, ""), ("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " s
         ("interleaved", 2, 4, "model.tie_embeddings=true"), ("interleaved", 3, 6, "model.n_layer=6 train.batch_size=12")]
 
 
+@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 @pytest.mark.parametrize("schedule,stages,micro,extra", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
 def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, micro, extra):
     rss_before_mb = rss_now_mb()

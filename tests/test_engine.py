@@ -37,9 +37,18 @@ def reference_sync(data, m, clip, gcfg=GCFG, steps=STEPS):
     return losses
 
 
-@pytest.mark.parametrize("p", [1, 2, 4])
-@pytest.mark.parametrize("m", [1, 2, 4])
-@pytest.mark.parametrize("sync", ["1f1b", "gpipe"])
+# The fast cases keep every shape of the stage orders; the others are slow (make test-all). 1F1B:
+# one stage with accumulation (1, 4); two stages, where each stage's warm-up is min(p - s - 1, m)
+# = 1 whatever m, with no accumulation (2, 1) and with F-B pairs (2, 4), which (2, 2) repeats;
+# four stages with the warm-up cut to m (4, 1), (4, 2) or not (4, 4); (1, 1) and (1, 2) repeat one
+# stage's path. GPipe (every forward, then every backward): one stage (1, 2), no accumulation
+# (2, 1), a deep pipeline (4, 4); with m = 1 it is 1F1B's order ((4, 1) above).
+SYNC_FAST = {"1f1b": {(1, 4), (2, 1), (2, 4), (4, 1), (4, 2), (4, 4)}, "gpipe": {(1, 2), (2, 1), (4, 4)}}
+
+
+@pytest.mark.parametrize("sync,m,p", [
+    pytest.param(sync, m, p, id=f"{sync}-{m}-{p}", marks=() if (p, m) in SYNC_FAST[sync] else pytest.mark.slow)
+    for sync in ("1f1b", "gpipe") for m in (1, 2, 4) for p in (1, 2, 4)])
 def test_sync_equals_single_process_gradient_accumulation(p, m, sync):
     data = make_data(STEPS)
     ref = reference_sync(data, m, clip=1.0)
@@ -333,15 +342,28 @@ def test_grad_norm_is_the_global_norm_in_both_phases(p, m):
         assert r.grad_norm == pytest.approx(ref, rel=1e-5)
 
 
+MITIGATED_STEPS = 30
+
+
+def one_batch_repeated():
+    return make_data(1, seed=5) * MITIGATED_STEPS  # one batch, repeated: its loss must fall
+
+
+@pytest.fixture(scope="module")
+def unmitigated_losses() -> tuple[float, ...]:
+    """The run without a mitigation that each mitigated run is compared with (computed once: read only)."""
+    return tuple(run_losses(local_runtime(4, 2, [ASYNC] * MITIGATED_STEPS, one_batch_repeated()), MITIGATED_STEPS))
+
+
 @pytest.mark.parametrize("mitigation", [["lr_reschedule"], ["predict"], ["nesterov"], ["lr_reschedule", "predict"]])
-def test_mitigations_train(mitigation):
+def test_mitigations_train(mitigation, unmitigated_losses):
     from helpers import sched_cfg
 
-    steps = 30
-    data = make_data(1, seed=5) * steps  # one batch, repeated: its loss must fall
+    steps = MITIGATED_STEPS
+    data = one_batch_repeated()
     rt = local_runtime(4, 2, [ASYNC] * steps, data, scfg=sched_cfg(mitigation=mitigation))
     losses = run_losses(rt, steps)
-    plain = run_losses(local_runtime(4, 2, [ASYNC] * steps, data), steps)
+    plain = list(unmitigated_losses)
     assert losses[-1] < 0.9 * losses[0]
     assert losses != plain  # the mitigation changed the updates
 

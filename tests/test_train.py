@@ -23,6 +23,7 @@ def read(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
     cfg = make_cfg("train.max_steps=40", "train.eval_every=10", "optim.lr=3e-3", "pipeline.stages=2",
                    "pipeline.microbatches=2")
@@ -44,6 +45,7 @@ def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
     assert all(b > a for a, b in zip(times, times[1:]))  # the pipeline clock moves forward
 
 
+@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
     a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
     assert (tmp_path / "a" / "phases.png").stat().st_size > 0  # one phase, shaded: every run writes it

@@ -134,19 +134,20 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     if other is not None and other.stages != prof.stages:  # (whole stages for virtual ones, or the reverse: left out)
         other = None
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
-            predict(other) if other else None, shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce))
+            predict(other) if other else None,
+            shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out))
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
-                      allreduce: AllReduceModel | None) -> float | None:
+                      allreduce: AllReduceModel | None, held_out: bool) -> float | None:
     """The steady step predicted from the run's own start-up profile with its workers sharing the
     cores they ran on (:func:`adapipe_cli.simulator.shared.simulate_shared`): each action at its
     start-up CPU seconds, gloo's threads at the link's CPU per message end; None for a profile
-    without them (a run of a version before 2026-12-05, or not on gloo)."""
+    without them (a run of a version before 2026-12-05, or not on gloo). ``held_out``: the run
+    evaluates AdaPipe's held-out signal after every update (:func:`adapipe_run`'s)."""
     cpu, host = cpu_profile(prof), prof.meta.get("host")
     if cpu is None or not host:
         return None
-    held_out = cfg.schedule.name == "adapipe" and cfg.heuristic.signal == "heldout"
     signal = cpu.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
     return simulate_shared(spec, plan, cpu, host["cores"], replicas=replicas,
                            message_cpu_s=float(prof.link.get("thread_cpu_s", 0.0)), link=link,

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..schedules import Plan, ScheduleSpec, lookahead
 from .clock import ALLREDUCE, EXTRA_WORK, AllReduceModel, CostProfile, LinkModel
-from .simulate import SimResult, simulate
+from .simulate import SimResult, simulate, steady_bounds
 
 COSTS = ("forward", "backward", "update", "input", "weight", *EXTRA_WORK)  # the costs that are CPU work
 ROUNDS, SETTLED = 100, 1e-6
@@ -102,8 +102,7 @@ class SharedResult:
 def steady_window(n: int, spec: ScheduleSpec) -> tuple[int, int]:
     """(lo, hi): the steps between whose updates a steady step is measured, as :func:`.simulate.simulate`
     leaves out the fill and the drain (``lookahead + 1`` steps at either end when the run is long enough)."""
-    skip = lookahead(spec.stages, spec.microbatches, spec.chunks) + 1
-    return (skip, n - 1 - skip) if n > 2 * skip + 2 else (0, n - 1)
+    return steady_bounds(n, lookahead(spec.stages, spec.microbatches, spec.chunks) + 1)
 
 
 def simulate_shared(spec: ScheduleSpec, plan: Plan, profile: CostProfile, cores: float, *, replicas: int = 1,

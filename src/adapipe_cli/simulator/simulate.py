@@ -112,12 +112,18 @@ def _steady_window(n: int, skip: int) -> range:
     return range(skip + 1, n - skip) if n > 2 * skip + 2 else range(n)
 
 
+def steady_bounds(n: int, skip: int) -> tuple[int, int]:
+    """(lo, hi): the steps of an ``n``-step run between whose updates the steady step time is
+    measured, ``skip`` left out at either end (the fill and the drain) when the run is long enough."""
+    return (skip, n - 1 - skip) if n > 2 * skip + 2 else (0, n - 1)
+
+
 def _steady_step_time(ends: list[float], skip: int) -> float:
     """Mean time between consecutive updates, leaving out ``skip`` steps at either end (the fill
-    and the drain) when the run is long enough."""
+    and the drain) when the run is long enough (:func:`steady_bounds`)."""
     if len(ends) < 2:
         return ends[0] if ends else 0.0
-    lo, hi = (skip, len(ends) - 1 - skip) if len(ends) > 2 * skip + 2 else (0, len(ends) - 1)
+    lo, hi = steady_bounds(len(ends), skip)
     if lo == 0:
         return ends[hi] / (hi + 1)
     return (ends[hi] - ends[lo]) / (hi - lo)

@@ -21,7 +21,7 @@ from adapipe_cli.runtime.action_times import warm_steps
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.runtime.device import usable_cores
 from adapipe_cli.runtime.dist import WorkerFailed, choose_backend, nonfinite_part
-from adapipe_cli.runtime.walk import walk
+from adapipe_cli.schedules.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train

@@ -74,6 +74,14 @@ def test_nothing_below_the_training_loop_imports_it():
     assert upward_imports(PACKAGE) == []
 
 
+def test_the_simulator_imports_no_runtime():
+    """Within the runtime/simulator layer imports run one way too: the runtimes use the simulator's
+    clock, and the simulator (which must run where no runtime can) names no runtime module."""
+    files = sorted((PACKAGE / "simulator").rglob("*.py"))
+    assert files
+    assert [f"{f.name}:{line}" for f in files for line, to in imported_parts(f, PACKAGE) if to == "runtime"] == []
+
+
 def test_the_import_scan_finds_a_lazy_upward_import(tmp_path):
     """The scan above sees what it must refuse: a lazy ``from ..train import build`` (as a worker had)."""
     pkg = tmp_path / "adapipe_cli"

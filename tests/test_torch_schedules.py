@@ -26,7 +26,7 @@ import torch
 from adapipe_cli.model import GPTConfig, build_stages, lm_loss, partition
 from adapipe_cli.runtime.stage import StageExecutor
 from adapipe_cli.runtime.transport import LocalTransport
-from adapipe_cli.runtime.walk import walk
+from adapipe_cli.schedules.walk import walk
 from adapipe_cli.schedules import SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
 from test_dist import _NoUpdates
 

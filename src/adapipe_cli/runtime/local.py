@@ -26,6 +26,7 @@ import torch
 from ..model import lm_loss
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..schedules.interleaved import DevicePicks
+from ..schedules.walk import walk
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel, PipelineClock, allreduce_times
 from .. import checkpoint
 from .base import StepResult, global_norm, stage_lrs
@@ -34,7 +35,6 @@ from .errors import TrainingDiverged
 from .replicas import ReplicaGroup, replica_seed
 from .stage import StageExecutor
 from .transport import LocalTransport
-from .walk import walk
 
 
 # what replica r > 0 does not save: the same as replica 0's (the replicas stay bitwise identical)

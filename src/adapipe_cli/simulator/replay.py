@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 
-from ..runtime.walk import walk
+from ..schedules.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
 from ..schedules.interleaved import DevicePicks
 from ..schedules.ledger import Ledger

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Callable, Sequence
 
-from ..schedules import Action, StageProgram
+from .actions import Action
+from .program import StageProgram
 
 
 class Deadlock(RuntimeError):

@@ -2,7 +2,8 @@
 
 1. adapipe's dist step time / torch.distributed.pipelining's for the same schedule, same model,
    batch, microbatches, optimizer (AdamW) and clipping by the global gradient norm (goal <= 1.0
-   at the median of the repeats): 1F1B against ``Schedule1F1B``; ZB-H1 against
+   at the median of the repeats, printed with its 95% bootstrap interval over the paired
+   repeats: with 5 pairs about their range, what so few can say): 1F1B against ``Schedule1F1B``; ZB-H1 against
    ``ScheduleInterleavedZeroBubble`` with one stage per rank (its ZB1P: 1F1B's memory, each
    backward split into I and W, the W deferred into the bubbles); interleaved 1F1B
    (``--chunks`` per worker) against ``ScheduleInterleaved1F1B`` with as many stages per rank.
@@ -64,6 +65,7 @@ from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signa
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
+from adapipe_cli.sweep.bootstrap import fmt_ci, median_ci  # noqa: E402
 from adapipe_cli.train.build import pick_sync  # noqa: E402
 
 SKIP = 5  # steps left out at either end of a run (fewer in a short run: a quarter of it)
@@ -454,8 +456,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                              "median of repeats; workers by rank"))
             if torch_t:
                 ratio = [a[0] / t for a, t in zip(rs, torch_t)]
+                ci = median_ci(ratio)
                 rows.append((f"p={p}: {schedule} adapipe / torch", fmt(ratio),
-                             f"{len(ratio)} paired repeats; goal median <= 1.0"))
+                             f"{len(ratio)} paired repeats; goal median <= 1.0"
+                             + (f"; the median's 95% bootstrap interval {fmt_ci(ci)}" if ci else "")))
         for schedule in replica_schedules:
             one = runs[(p, replica_key(schedule, 1))]
             for r in replicas:

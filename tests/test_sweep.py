@@ -19,7 +19,7 @@ from adapipe_cli.config import ConfigError, validate
 from adapipe_cli.sweep.grid import load_grid, merge_overrides
 from adapipe_cli.sweep.report import write_report
 from adapipe_cli.sweep.results import COLUMNS
-from adapipe_cli.sweep.bootstrap import speedup_ci, within_noise
+from adapipe_cli.sweep.bootstrap import median_ci, speedup_ci, within_noise
 from adapipe_cli.sweep.target import derive, derive_target, time_to_target
 
 GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # depths, batches, methods, seeds
@@ -229,6 +229,15 @@ def reached(t):
 
 def unreached(t_end, best):
     return [(0, 100.0, 0.0), (10, 20.0, t_end / 2), (20, best, t_end)]
+
+
+def test_bootstrap_interval_of_one_samples_median_by_hand():
+    # two values: a resample's median is either value (both drawn) or their mean, with chances
+    # 1/4, 1/4 and 1/2; the 95% interval spans both ends, a 40% one only the middle
+    assert median_ci([1.0, 3.0]) == (1.0, 3.0)
+    assert median_ci([1.0, 3.0], level=0.4) == (2.0, 2.0)
+    assert median_ci([2.0, 2.0, 2.0]) == (2.0, 2.0)
+    assert median_ci([1.0]) is None
 
 
 def test_bootstrap_interval_of_a_ratio_of_medians_by_hand():

@@ -40,6 +40,19 @@ def speedup_ci(a: list[float], b: list[float], level: float = LEVEL, resamples: 
     return float(low), float(high)
 
 
+def median_ci(xs: list[float], level: float = LEVEL, resamples: int = RESAMPLES,
+              seed: int = SEED) -> tuple[float, float] | None:
+    """(low, high) of the percentile bootstrap interval of ``median(xs)``, one sample resampled with
+    replacement (paired measurements: the ratio of two timings taken side by side, one per pair);
+    None with fewer than two values."""
+    if len(xs) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    med = np.median(rng.choice(np.asarray(xs, dtype=float), (resamples, len(xs))), axis=1)
+    low, high = np.quantile(med, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return float(low), float(high)
+
+
 def within_noise(ci: tuple[float, float] | None) -> bool:
     """There is an interval and it includes 1."""
     return ci is not None and ci[0] <= 1.0 <= ci[1]

@@ -3,7 +3,8 @@
 The simulator gives every stage a device of its own. With 4 workers on 2 cores (bench_dist's
 4-stage runs on this machine) that is not so: while more stages compute than there are cores,
 each computes slower, and the transport's threads (gloo's) take their share too. This script
-predicts a finished dist run's steady step three ways and prints the measured step over each:
+predicts a finished dist run's steady step three ways and prints the measured step over each, and
+where each rank's step went (its actions, its waits on its peers, the loop around them):
 
 - ``own device, wall``: each action at its in-run wall time (``runtime.action_times.in_run_profile``),
   every stage on its own device: bench_dist's "at the run's own action costs";
@@ -75,7 +76,21 @@ def predict(run: Path, cores: float) -> dict:
                              mitigations=list(cfg.schedule.mitigation), signal=signal(cpu), window=(lo, hi))
     return {"run": str(run), "measured_s": measured, "own_device_wall_s": own_device(in_run_profile(table, prof)),
             "own_core_cpu_s": own_device(cpu), "shared_s": shared.step_time, "factors": shared.factors,
-            "other_threads_cpu_s": other}
+            "other_threads_cpu_s": other, "ranks": step_parts(table)}
+
+
+def step_parts(table: dict) -> list[dict]:
+    """Per rank, where its mean steady step went (seconds): ``compute`` (its actions, wall),
+    ``wait`` (blocked on its peers' messages) and ``loop`` (the rest: between actions, reports, the
+    driver's gate). In an asynchronous stream the slowest stage never waits if every action takes
+    its mean time: what it waits is the stages' jitter (they take turns being the slowest), which a
+    simulator of mean costs leaves out."""
+    parts = []
+    for r in table["ranks"]:
+        compute = sum(a["count"] * a["run_s"] for a in table["actions"] if a["rank"] == r["rank"]) / r["steps"]
+        parts.append({"rank": r["rank"], "step": r["step_s"], "compute": compute, "wait": r["wait_peer_s"],
+                      "loop": r["between_s"] + r["report_s"] + r["wait_driver_s"]})
+    return parts
 
 
 def main() -> None:
@@ -88,7 +103,9 @@ def main() -> None:
         m = r["measured_s"]
         print(f"{run}: measured {m * 1e3:.1f} ms; measured over predicted: own device, wall {m / r['own_device_wall_s']:.3f}; "
               f"own core, CPU {m / r['own_core_cpu_s']:.3f}; shared by {a.cores:g} cores {m / r['shared_s']:.3f} "
-              f"(factors {' '.join(f'{f:.2f}' for f in r['factors'])}; other threads {r['other_threads_cpu_s'] * 1e3:.1f} ms a step)",
+              f"(factors {' '.join(f'{f:.2f}' for f in r['factors'])}; other threads {r['other_threads_cpu_s'] * 1e3:.1f} ms a step); "
+              "per rank, compute / waits on peers / loop (ms): "
+              + " | ".join(f"{x['compute'] * 1e3:.1f} / {x['wait'] * 1e3:.1f} / {x['loop'] * 1e3:.1f}" for x in r["ranks"]),
               flush=True)
 
 

@@ -46,3 +46,18 @@ def test_a_dist_run_is_predicted_three_ways(make_cfg, tmp_path):
         assert 0.2 < two[key] / two["measured_s"] < 5
     assert len(one["factors"]) == 2 and all(f >= 1.0 for f in one["factors"] + two["factors"])
     assert one["shared_s"] > two["own_core_cpu_s"] and max(one["factors"]) > 1.2
+
+
+def test_a_ranks_step_is_split_into_compute_waits_and_loop():
+    table = {"actions": [{"rank": 0, "kind": "F", "count": 8, "run_s": 0.010},
+                         {"rank": 0, "kind": "B", "count": 8, "run_s": 0.020},
+                         {"rank": 1, "kind": "F", "count": 8, "run_s": 0.012}],
+             "ranks": [{"rank": 0, "steps": 2, "step_s": 0.15, "wait_peer_s": 0.02, "between_s": 0.007,
+                        "report_s": 0.002, "wait_driver_s": 0.001},
+                       {"rank": 1, "steps": 2, "step_s": 0.15, "wait_peer_s": 0.1, "between_s": 0.0,
+                        "report_s": 0.0, "wait_driver_s": 0.002}]}
+    parts = psc.step_parts(table)
+    assert [p["rank"] for p in parts] == [0, 1]
+    assert parts[0]["compute"] == pytest.approx((8 * 0.010 + 8 * 0.020) / 2)
+    assert (parts[0]["wait"], parts[0]["loop"]) == (pytest.approx(0.02), pytest.approx(0.01))
+    assert (parts[1]["compute"], parts[1]["loop"]) == (pytest.approx(8 * 0.012 / 2), pytest.approx(0.002))

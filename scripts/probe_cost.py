@@ -21,6 +21,8 @@ from pathlib import Path
 
 def probe_cost(run: Path, until: float | None = None) -> dict:
     """{"async_step_s", "sync_steps", "extra_s", "time_s"} of the run at ``run``, up to ``until``."""
+    if not (run / "metrics.jsonl").is_file():
+        raise SystemExit(f"{run}: no metrics.jsonl here; give the directory of an adapipe train run")
     steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
     if until is not None:
         steps = [r for r in steps if r["time_s"] <= until]

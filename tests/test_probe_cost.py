@@ -41,3 +41,5 @@ def test_a_run_without_async_pace_is_refused(tmp_path):
     write_run(run, [("sync", 1.0)] * 5)
     with pytest.raises(SystemExit, match="no two async steps"):
         pc.probe_cost(run)
+    with pytest.raises(SystemExit, match="no metrics.jsonl here"):
+        pc.probe_cost(tmp_path / "elsewhere")

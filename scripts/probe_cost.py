@@ -1,11 +1,15 @@
-"""What an AdaPipe run's probes cost on its clock: the time its steps took over async's.
+"""What an AdaPipe run's probes of sync cost on its clock, against staying in async.
 
-Every step that is not an async step after an async step (a drain, a sync step, a fill) is
-charged its time over the run's median async step; the sum is what the run paid for leaving
-async, against the same steps at async's pace. Its share of the run's time to a target says how
-many probes a goal of "at most x times the async method's time" leaves room for.
+A sync step makes the progress of 1/E async steps (E: async's statistical efficiency, sync's
+steps to a target over async's), so the time lost to a step of the run that is not a steady
+async step (a drain, a sync step, a fill) is its time less what async would take for the same
+progress: ``dt - pace / E`` for a step in the sync phase, ``dt - pace`` for a fill's async step,
+``pace`` the run's median time of an async step after an async step. Summed, and with its share
+of the run's time: how many probes a goal of "at most x times the async method's time" leaves
+room for. E = 1 (the default) charges a sync step as if it were worth no more than an async one:
+the most a probe can cost; give the cell's measured E for what it did cost.
 
-    python scripts/probe_cost.py RUN_DIR... [--until SECONDS]
+    python scripts/probe_cost.py RUN_DIR... [--efficiency E] [--until SECONDS]
 
 RUN_DIR: an ``adapipe train`` run directory (its ``metrics.jsonl``); ``--until``: count only the
 steps that ended by then (the time to a target, for example).
@@ -19,8 +23,11 @@ import statistics
 from pathlib import Path
 
 
-def probe_cost(run: Path, until: float | None = None) -> dict:
-    """{"async_step_s", "sync_steps", "extra_s", "time_s"} of the run at ``run``, up to ``until``."""
+def probe_cost(run: Path, until: float | None = None, efficiency: float = 1.0) -> dict:
+    """{"async_step_s", "sync_steps", "extra_s", "time_s"} of the run at ``run``, up to ``until``,
+    with a sync step worth 1 / ``efficiency`` async steps."""
+    if not 0 < efficiency <= 1:
+        raise SystemExit(f"--efficiency {efficiency}: give async's statistical efficiency E, in (0, 1]")
     if not (run / "metrics.jsonl").is_file():
         raise SystemExit(f"{run}: no metrics.jsonl here; give the directory of an adapipe train run")
     steps = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "step"]
@@ -31,7 +38,9 @@ def probe_cost(run: Path, until: float | None = None) -> dict:
     if not in_async:
         raise SystemExit(f"{run}: no two async steps in a row to take async's pace from")
     pace = statistics.median(in_async)
-    extra = sum(b["time_s"] - a["time_s"] - pace for a, b in pairs if not a["phase"] == b["phase"] == "async")
+    worth = {"sync": pace / efficiency, "async": pace}  # the async time of a step's progress
+    extra = sum(b["time_s"] - a["time_s"] - worth[b["phase"]] for a, b in pairs
+                if not a["phase"] == b["phase"] == "async")
     return {"async_step_s": pace, "sync_steps": sum(r["phase"] == "sync" for r in steps), "extra_s": extra,
             "time_s": steps[-1]["time_s"]}
 
@@ -39,12 +48,15 @@ def probe_cost(run: Path, until: float | None = None) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", type=Path)
+    ap.add_argument("--efficiency", type=float, default=1.0,
+                    help="async's statistical efficiency E: a sync step is worth 1/E async steps (default 1)")
     ap.add_argument("--until", type=float, help="count the steps that ended by this time (s) only")
     a = ap.parse_args()
     for run in a.runs:
-        c = probe_cost(run, a.until)
-        print(f"{run}: async step {c['async_step_s'] * 1e3:.2f} ms; {c['sync_steps']} sync steps; "
-              f"{c['extra_s']:.2f} s over async's pace, {100 * c['extra_s'] / c['time_s']:.1f}% of {c['time_s']:.2f} s")
+        c = probe_cost(run, a.until, a.efficiency)
+        print(f"{run}: async step {c['async_step_s'] * 1e3:.2f} ms; {c['sync_steps']} sync steps; at E = "
+              f"{a.efficiency:g}, {c['extra_s']:.2f} s lost against async, {100 * c['extra_s'] / c['time_s']:.1f}% "
+              f"of {c['time_s']:.2f} s")
 
 
 if __name__ == "__main__":

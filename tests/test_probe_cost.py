@@ -34,6 +34,11 @@ def test_a_probe_costs_its_steps_over_async_pace(tmp_path):
     assert c["time_s"] == pytest.approx(10 + 3 + 10 + 2 + 5)
     # up to a time: only the steps that ended by then
     assert pc.probe_cost(run, until=14.0)["extra_s"] == pytest.approx(2.0)
+    # a sync step worth 1/E = 2 async steps: each of the 5 sync-phase steps is charged 2 s less
+    # than its time (the fill, an async step, as before)
+    assert pc.probe_cost(run, efficiency=0.5)["extra_s"] == pytest.approx((3.0 - 2) + 4 * (2.5 - 2) + (2.0 - 1))
+    with pytest.raises(SystemExit, match="in \\(0, 1\\]"):
+        pc.probe_cost(run, efficiency=1.5)
 
 
 def test_a_run_without_async_pace_is_refused(tmp_path):

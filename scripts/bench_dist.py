@@ -160,7 +160,8 @@ def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, windo
 def where_time_went(table: dict | None) -> dict:
     """From a run's ``action_times``: per action kind, the run's seconds over the profile's charge
     for the same actions (all stages: sum n run_s / sum n profiled_s); ``cpu``: their main-thread CPU
-    over their wall time (below 1: the worker was preempted while computing); ``loop``: the share
+    over their wall time (below 1: the worker was preempted while computing); ``sd``: an action's
+    standard deviation over its mean (all kinds, weighted by their time); ``loop``: the share
     of a step that the workers spend outside actions, transport waits included (gates, phases,
     reports, the loop itself; mean over the ranks)."""
     if not table:
@@ -171,6 +172,9 @@ def where_time_went(table: dict | None) -> dict:
         if mine:
             out[kind] = sum(r["count"] * r["run_s"] for r in mine) / sum(r["count"] * r["profiled_s"] for r in mine)
     out["cpu"] = sum(r["count"] * r["cpu_s"] for r in rows) / max(1e-12, sum(r["count"] * r["run_s"] for r in rows))
+    timed = [r for r in rows if "run_sd_s" in r]  # (a run of a version before 2026-12-05, later, has none)
+    if timed:  # how much an action varies: its standard deviation over its mean, weighted by the actions
+        out["sd"] = sum(r["count"] * r["run_sd_s"] for r in timed) / max(1e-12, sum(r["count"] * r["run_s"] for r in timed))
     ranks = table["ranks"]
     out["loop"] = sum((r["between_s"] + r["report_s"] + r["wait_driver_s"]) / r["step_s"] for r in ranks) / len(ranks)
     return out
@@ -450,7 +454,9 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 kinds = [k for k in ("F", "B", "I", "W", "U") if all(k in w for w in went)]
                 rows.append((f"p={p}: {schedule} in-run / profiled", " ".join(f"{k} {med(k):.2f}" for k in kinds),
                              f"per action, median of repeats; CPU / wall {med('cpu'):.2f}; "
-                             f"outside actions {100 * med('loop'):.1f}% of a step"))
+                             + (f"an action's sd / mean {statistics.median(w['sd'] for w in went):.2f}; "
+                                if all("sd" in w for w in went) else "")
+                             + f"outside actions {100 * med('loop'):.1f}% of a step"))
             if memory and memory.get((p, schedule)):
                 rows.append((f"p={p}: {schedule} peak RSS (MB)", rss_row(memory[(p, schedule)]),
                              "median of repeats; workers by rank"))

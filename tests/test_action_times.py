@@ -33,13 +33,16 @@ def test_the_table_is_the_window_between_the_first_kept_report_and_the_last(monk
         times.mark(step, 2, {**waits, "wait_peer": 0.25 * step, "signal": 0.125 * step})
     w = times.window()
     assert w["steps"] == 2 and set(w["acts"]) == {"1/F", "1/B"}
-    assert w["acts"]["1/F"] == pytest.approx([4, 2.4, 2.0, 2, 0, 0, 0, 0, 0]) and w["acts"]["1/B"] == pytest.approx([2, 2.4, 2.0, 0, 0, 0, 2, 0, 0])
+    assert w["acts"]["1/F"] == pytest.approx([4, 2.4, 2.0, 2, 0, 0, 0, 0, 0, 2 * (0.25 + 0.49)])
+    assert w["acts"]["1/B"] == pytest.approx([2, 2.4, 2.0, 0, 0, 0, 2, 0, 0, 2 * 1.44])
     assert w["clocks"]["execute"] == pytest.approx(2.5) and w["clocks"]["wait_peer"] == pytest.approx(0.75 / 2)
     prof = CostProfile([1.0, 0.3], [2.0, 0.8], [0.1, 0.2], copy=[0.0, 0.05], accumulate=[0.0, 0.02])
     table = action_table([None, w], prof)
     f, b = table["actions"]
     assert (f["rank"], f["stage"], f["kind"], f["count"]) == (1, 1, "F", 4)
     assert f["run_s"] == pytest.approx(0.6) and f["cpu_s"] == pytest.approx(0.5)
+    assert f["run_sd_s"] == pytest.approx(0.1)  # 0.5 and 0.7 twice each, about 0.6
+    assert b["run_sd_s"] == pytest.approx(0.0, abs=1e-6)  # every backward 1.2
     assert f["profiled_s"] == pytest.approx(0.3 + 0.05 / 2) and f["copy"] == 0.5  # half the forwards copied
     assert f["ratio"] == pytest.approx(0.6 / 0.325)
     assert b["kind"] == "B" and b["profiled_s"] == pytest.approx(0.8 + 0.02) and b["accumulate"] == 1

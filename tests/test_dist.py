@@ -97,6 +97,7 @@ def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, m
     rows = {(r["stage"], r["kind"]): r for r in at["actions"]}
     assert {"F", "U"} <= {k for _, k in rows} <= {"F", "B", "I", "W", "U"} and {s for s, _ in rows} == set(range(n))
     assert all(r["run_s"] > 0 and r["cpu_s"] > 0 and r["profiled_s"] > 0 for r in rows.values())
+    assert all(0 <= r["run_sd_s"] < 10 * r["run_s"] for r in rows.values())  # (the spread of real timings)
     costs = {"F": "forward", "B": "backward", "I": "input", "W": "weight", "U": "update"}
     held = prof["held"]  # (measured by the workers: the in-flight factors at 1 and 4 microbatches)
     assert held["depths"] == [1, 4] and len(held["forward"]) == len(held["backward"]) == n

@@ -13,6 +13,8 @@ steps warm allocators and caches up) and after each later update; the driver tur
 the last into ``summary.json``'s ``action_times`` (:func:`action_table`):
 
     run_s      = wall computing / count              cpu_s = main-thread CPU / count
+    run_sd_s   = the standard deviation of one action's wall seconds computing (how much the
+                 actions of a kind vary: a simulator of mean costs leaves their jitter out)
     profiled_s = (count x profile.cost(s, kind) at the actions' mean in-flight count
                   + the ledger's extra work at its profiled costs) / count
 
@@ -45,8 +47,8 @@ def warm_steps(max_steps: int) -> int:
 
 class ActionTimes:
     """One worker's counters (see the module docstring). ``acts[(stage, kind)]`` is
-    ``[count, wall, cpu, copy, predict, recompute, accumulate, data, held]`` (held: the sum of
-    the actions' in-flight counts); ``clocks`` the worker's
+    ``[count, wall, cpu, copy, predict, recompute, accumulate, data, held, wall^2]`` (held: the
+    sum of the actions' in-flight counts; wall^2: of their wall seconds'); ``clocks`` the worker's
     cumulative seconds of :data:`CLOCKS` other than the three read from the OS at a snapshot."""
 
     def __init__(self):
@@ -59,12 +61,13 @@ class ActionTimes:
         """One action of ``kind`` at ``stage``: ``wall`` seconds computing, ``cpu`` on the main thread."""
         if kind not in TIMED:
             return
-        row = self.acts.setdefault((stage, kind), [0.0] * (3 + len(WORK)))
+        row = self.acts.setdefault((stage, kind), [0.0] * (4 + len(WORK)))
         row[0] += 1
         row[1] += wall
         row[2] += cpu
         for i, k in enumerate(WORK):
             row[3 + i] += work.get(k, 0)
+        row[-1] += wall * wall
 
     def snapshot(self, step: int, waits: dict) -> dict:
         """The counters now, after ``U(step)``; ``waits``: the worker's cumulative ``wait_peer``,
@@ -107,7 +110,9 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
         for key, (n, wall, cpu, *work) in sorted((w or {}).get("acts", {}).items(),
                                                  key=lambda kv: (int(kv[0].split("/")[0]), TIMED.index(kv[0].split("/")[1]))):
             s, kind = int(key.split("/")[0]), key.split("/")[1]
-            row = {"rank": r, "stage": s, "kind": kind, "count": int(n), "run_s": wall / n, "cpu_s": cpu / n}
+            work, wall_sq = work[:len(WORK)], work[len(WORK)]
+            row = {"rank": r, "stage": s, "kind": kind, "count": int(n), "run_s": wall / n, "cpu_s": cpu / n,
+                   "run_sd_s": max(0.0, wall_sq / n - (wall / n) ** 2) ** 0.5}
             if profile is not None and s < profile.stages:
                 extra = dict(zip(WORK, work))
                 # (each action at the mean in-flight count: exact where the counts share a linear segment

@@ -61,7 +61,8 @@ from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
 from adapipe_cli.runtime.device import usable_cores  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
-from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signal_rows, virtual_stages  # noqa: E402
+from adapipe_cli.schedules.choice import (follows_held_out, microbatch_size, schedule_choice, signal_rows,  # noqa: E402
+                                         virtual_stages)
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
@@ -120,7 +121,7 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     table = json.loads((out / "summary.json").read_text())["action_times"]
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation, allreduce).spec  # (as the run picked)
     # AdaPipe's held-out signal after each update (its run evaluates it, heuristic=fixed too): on the clock
-    held_out = schedule == "adapipe" and cfg.heuristic.signal == "heldout"
+    held_out = follows_held_out(cfg)
 
     def predict(costs: CostProfile) -> float:
         signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None

@@ -37,7 +37,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from adapipe_cli.runtime.action_times import in_run_profile
-from adapipe_cli.schedules.choice import microbatch_size, schedule_choice, signal_rows
+from adapipe_cli.schedules.choice import follows_held_out, microbatch_size, schedule_choice, signal_rows
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.shared import simulate_shared
 from adapipe_cli.simulator.simulate import simulate
@@ -58,7 +58,7 @@ def predict(run: Path, cores: float) -> dict:
     spec = pick_sync(schedule_choice(cfg), prof, link, cfg.schedule.mitigation).spec  # (as the run picked)
 
     # an AdaPipe run that follows the held-out loss evaluates it after every update (as bench_dist charges it)
-    held_out = cfg.schedule.name == "adapipe" and cfg.heuristic.signal == "heldout"
+    held_out = follows_held_out(cfg)
 
     def signal(costs: CostProfile) -> list[float] | None:
         return costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None

@@ -70,7 +70,7 @@ def prepare(cfg) -> Setup:
     from ..schedules import Plan, ScheduleError
     from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
     from ..config.validate import SIGNALS
-    from ..schedules.choice import microbatch_size, schedule_choice, signal_rows
+    from ..schedules.choice import follows_held_out, microbatch_size, schedule_choice, signal_rows
     from ..train.build import pick_sync
 
     p, s = cfg.pipeline, cfg.schedule
@@ -114,7 +114,7 @@ def prepare(cfg) -> Setup:
     # AdaPipe follows its held-out loss after every step, as a run of this config would: on the clock
     signal = None
     _need(cfg.heuristic.signal in SIGNALS, f"unknown heuristic.signal={cfg.heuristic.signal!r}: use train or heldout")
-    if choice.phase is None and cfg.heuristic.signal == "heldout":
+    if follows_held_out(cfg):
         signal = profile.signal_costs(signal_rows(cfg), microbatch_size(cfg))
     return Setup(spec, Plan(steps, phases(cfg, steps)), profile, link, source, allreduce,
                  [float(cfg.grad_bytes)] * p.stages if cfg.grad_bytes > 0 else None, signal)

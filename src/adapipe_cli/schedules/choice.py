@@ -65,6 +65,13 @@ def signal_rows(cfg) -> int:
     return max(1, cfg.heuristic.signal_tokens // cfg.model.block_size)
 
 
+def follows_held_out(cfg) -> bool:
+    """Whether a run evaluates AdaPipe's held-out signal after every update (its forward on the
+    clock): a switching schedule whose heuristic follows ``heuristic.signal=heldout``; the fixed
+    schedules and the training-loss signal evaluate nothing."""
+    return schedule_choice(cfg).phase is None and cfg.heuristic.signal == "heldout"
+
+
 def update_barrier(cfg, sync: str) -> bool:
     """Whether a sync update waits for every stage: always, except ZB-H2's when there is no global
     norm to clip by and no tied embedding to sum (the zero-bubble paper drops the optimizer's

@@ -25,7 +25,8 @@ from ..runtime.local import LocalRuntime, Replica
 from ..runtime.profile_meta import measure_stage_profile, profile_meta, profile_mismatch
 from ..runtime.replicas import replica_batch
 from ..schedules import SYNC, Plan, ScheduleError
-from ..schedules.choice import chunks, make_policy, microbatch_size, schedule_choice, signal_rows, virtual_stages
+from ..schedules.choice import (chunks, follows_held_out, make_policy, microbatch_size, schedule_choice, signal_rows,
+                                virtual_stages)
 from ..simulator.clock import AllReduceModel, CostProfile, LinkModel
 from ..simulator.simulate import steady_step_times
 from . import build, fingerprint
@@ -118,7 +119,7 @@ class RunSetup:
         """The held-out batch whose loss the heuristic follows as its progress signal (None: the
         training loss). Training-batch losses vary with the batch far more than they fall in a few
         steps; a fixed batch's loss moves only with the weights."""
-        if self.choice.phase is not None or self.cfg.heuristic.signal == "train":  # (validated: train or heldout)
+        if not follows_held_out(self.cfg):  # (heuristic.signal validated: train or heldout)
             return None
         x, y = self.data.val_batches(self.signal_rows())[0]
         device = resolve_device(self.cfg.pipeline.device) if self.kind == "local" else torch.device("cpu")

@@ -48,3 +48,11 @@ def test_a_run_without_async_pace_is_refused(tmp_path):
         pc.probe_cost(run)
     with pytest.raises(SystemExit, match="no metrics.jsonl here"):
         pc.probe_cost(tmp_path / "elsewhere")
+
+
+def test_perplexity_against_the_async_run_at_the_same_steps(tmp_path):
+    for name, ppls in (("a", {0: 100.0, 10: 50.0, 20: 40.0}), ("b", {0: 100.0, 10: 40.0, 30: 30.0})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "eval", "step": t, "val_ppl": v}) + "\n" for t, v in ppls.items()))
+    assert pc.perplexity_ratio(tmp_path / "a", tmp_path / "b") == [(0, 1.0), (10, 1.25)]

@@ -11,6 +11,7 @@ the same plan and profile.
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 from ..schedules.walk import walk
 from ..schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, Action, Plan, ScheduleSpec, StageProgram
@@ -23,17 +24,20 @@ class Replay:
     """Every stage's program of ``plan`` under ``spec``, timed from ``profile``; ``record`` keeps
     the timeline (stage, kind, mb, step, start, end) of every action but evaluations (and of the
     all-reduce before each update, ``allreduce`` seconds per stage, with replicas, and of the
-    held-out signal's forward after it, ``signal`` seconds per stage, with a signal)."""
+    held-out signal's forward after it, ``signal`` seconds per stage, with a signal). ``jitter``:
+    ``(stage, kind) -> factor``, drawn once per action, each action's cost times it on the clock
+    (:mod:`.jitter`; None: every action at its profiled cost)."""
 
     def __init__(self, spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None,
                  mitigations=(), record: bool = False, allreduce: list[float] | None = None,
-                 signal: list[float] | None = None):
+                 signal: list[float] | None = None, jitter: Callable[[int, str], float] | None = None):
         p = spec.virtual_stages  # (interleaved: every virtual stage's program, on its device's clock)
         if profile.stages != p:
             raise ValueError(f"the cost profile has {profile.stages} stages, the pipeline {p}: measure a profile for this depth")
         self.spec, self.plan, self.profile, self.p = spec, plan, profile, p
         self.mit = set(mitigations)
         self.record = record
+        self.jitter = jitter
         self.programs = [StageProgram(s, spec, plan) for s in range(p)]
         self.picks = DevicePicks(spec, plan)
         self.clock = PipelineClock(spec.stages, link, profile.act_bytes, spec.barrier,
@@ -78,7 +82,7 @@ class Replay:
             self.toll[a.step] = self.toll.get(a.step, 0.0) + own - base
         if any(k != "held" for k in work):
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - own
-        start, end = self.clock.run(s, a, cost)
+        start, end = self.clock.run(s, a, cost * self.jitter(s, kind) if self.jitter and kind != EVAL else cost)
         if self.record and kind == UPDATE and self.clock.last_allreduce:
             self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))
         if self.record and kind != EVAL:

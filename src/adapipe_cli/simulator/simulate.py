@@ -13,6 +13,7 @@ boxes; that time is not compute, so it counts in the bubble.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..schedules import SYNC, Plan, ScheduleSpec, lookahead
 from ..schedules.program import SPLIT_SCHEDULES
@@ -52,15 +53,17 @@ class SimResult:
 
 def simulate(spec: ScheduleSpec, plan: Plan, profile: CostProfile, link: LinkModel | None = None, record: bool = True,
              mitigations: tuple[str, ...] | list[str] = (), allreduce: AllReduceModel | None = None,
-             grad_bytes: list[float] | None = None, signal: list[float] | None = None) -> SimResult:
+             grad_bytes: list[float] | None = None, signal: list[float] | None = None,
+             jitter: Callable[[int, str], float] | None = None) -> SimResult:
     """Time ``plan``'s steps under ``spec`` with per-action costs from ``profile``; ``mitigations``
     (``schedule.mitigation``) change the buffers held and the work done; ``allreduce``: the
     pipeline's replicas and their all-reduce, over ``grad_bytes`` per (virtual) stage (None: the
     profile's parameter bytes); ``signal``: per stage, the held-out signal's forward after each
-    update (AdaPipe's heuristics that follow the held-out loss; None: none)."""
+    update (AdaPipe's heuristics that follow the held-out loss; None: none); ``jitter``: each
+    action's cost times a factor drawn for it (:class:`.replay.Replay`'s; :mod:`.jitter`)."""
     p, devices = spec.virtual_stages, spec.stages  # (p: stages, virtual with interleaving, as in the local runtime)
     ar = allreduce_times(allreduce, grad_bytes or [profile.stage_bytes(s).params for s in range(p)])
-    rep = Replay(spec, plan, profile, link, mitigations, record=record, allreduce=ar, signal=signal)
+    rep = Replay(spec, plan, profile, link, mitigations, record=record, allreduce=ar, signal=signal, jitter=jitter)
     rep.run_all()
     clock, ledgers, extra, timeline = rep.clock, rep.ledgers, rep.extra, rep.timeline
     n = len(clock.update_end)

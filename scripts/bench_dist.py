@@ -18,7 +18,9 @@
    machine minutes apart, for a schedule that was not run to measure them where it can be one
    (1F1B's rows are whole stages); and each run's peak memory
    (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
-   train`` process of its own, so the driver's peak is that run's).
+   train`` process of its own, so the driver's peak is that run's); and at the run's own in-run
+   costs with each action varying as the run's did (``simulator.jitter``: how much of what is
+   left is the stages waiting on each other's slow actions).
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
    DistTransport (as a worker uses it: receives posted ahead, buffers given back) against a bare
    dist.send / dist.recv pair (ping-pong, one way; paired short rounds run back to back; goal at
@@ -64,6 +66,7 @@ from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import (follows_held_out, microbatch_size, schedule_choice, signal_rows,  # noqa: E402
                                          virtual_stages)
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
+from adapipe_cli.simulator.jitter import cv_from_table, simulate_jitter  # noqa: E402
 from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.sweep.bootstrap import fmt_ci, median_ci  # noqa: E402
@@ -104,14 +107,16 @@ def finished_run(out: Path) -> tuple[int, int, float, CostProfile, Plan, LinkMod
 
 
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
-                reference: Path | None = None) -> tuple[float, float, dict, float | None, float | None]:
+                reference: Path | None = None) -> tuple:
     """(mean steady step time of a dist run, the same from the simulator with the run's own
     profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
     parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
     step again with each action at its in-run cost, :func:`in_run_profile`; and with the
     ``profile_in_run.json`` of another run, ``reference``, where it has as many stages: a
-    prediction from costs measured as a pipeline computes, but not this one's; and the step from the
-    run's own profile with the workers sharing the cores, :func:`shared_prediction`)."""
+    prediction from costs measured as a pipeline computes, but not this one's; the step from the
+    run's own profile with the workers sharing the cores, :func:`shared_prediction`; and the step at
+    the in-run costs with each action varying as the run's did, :func:`.jitter.simulate_jitter`
+    with :func:`.jitter.cv_from_table`; None for a table without the spread)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -129,6 +134,11 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
                        mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)
         return (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
 
+    def predict_varying(costs: CostProfile, cv: dict) -> float:  # (each action drawn around its cost)
+        signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
+        return simulate_jitter(spec, plan, costs, cv, window=(lo, hi), link=link,
+                               mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)[0]
+
     # (the second prediction takes the steady steps' own action costs: what is left between it and
     # the measured step is the schedule's timing, the link and the loop, not the profile's costs;
     # the action table's window is steps warm_steps.. to the end, a little wider than ``measured``'s)
@@ -136,9 +146,12 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     other = CostProfile.load(reference) if reference is not None else None
     if other is not None and other.stages != prof.stages:  # (whole stages for virtual ones, or the reverse: left out)
         other = None
+    # and at the in-run costs with each action varying as the run's did (their run_sd_s)
+    spread = in_run is not None and any("run_sd_s" in r for r in table["actions"])
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
             predict(other) if other else None,
-            shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out))
+            shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
+            predict_varying(in_run, cv_from_table(table, prof.stages)) if spread else None)
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
@@ -443,6 +456,10 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             if inrun:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),
                              "each action at the run's own cost: the schedule's timing alone"))
+            varying = [r[0] / r[6] for r in rs if len(r) > 6 and r[6]]  # (none before 2026-12-05, later)
+            if varying:
+                rows.append((f"p={p}: {schedule} measured / simulated at in-run costs, varying", fmt(varying),
+                             "each action drawn around its in-run cost with the run's spread (simulator.jitter)"))
             other = [r[0] / r[4] for r in rs if len(r) > 4 and r[4]]
             if other:
                 whose = ("the repeat before's run of the same schedule" if schedule in REFERENCES

@@ -20,7 +20,8 @@
    (RSS) of the driver and of each worker, from its summary.json (each run is an ``adapipe
    train`` process of its own, so the driver's peak is that run's); and at the run's own in-run
    costs with each action varying as the run's did (``simulator.jitter``: how much of what is
-   left is the stages waiting on each other's slow actions).
+   left is the stages waiting on each other's slow actions), and from its own start-up profile
+   with each action varying as the profile's calls did.
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
    DistTransport (as a worker uses it: receives posted ahead, buffers given back) against a bare
    dist.send / dist.recv pair (ping-pong, one way; paired short rounds run back to back; goal at
@@ -66,7 +67,7 @@ from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import (follows_held_out, microbatch_size, schedule_choice, signal_rows,  # noqa: E402
                                          virtual_stages)
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
-from adapipe_cli.simulator.jitter import cv_from_table, simulate_jitter  # noqa: E402
+from adapipe_cli.simulator.jitter import cv_from_profile, cv_from_table, simulate_jitter  # noqa: E402
 from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.sweep.bootstrap import fmt_ci, median_ci  # noqa: E402
@@ -116,7 +117,8 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     prediction from costs measured as a pipeline computes, but not this one's; the step from the
     run's own profile with the workers sharing the cores, :func:`shared_prediction`; and the step at
     the in-run costs with each action varying as the run's did, :func:`.jitter.simulate_jitter`
-    with :func:`.jitter.cv_from_table`; None for a table without the spread)."""
+    with :func:`.jitter.cv_from_table` (None for a table without the spread); and the step from the
+    run's own profile with each action varying as its start-up calls did, :func:`.jitter.cv_from_profile`)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -151,7 +153,8 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
             predict(other) if other else None,
             shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
-            predict_varying(in_run, cv_from_table(table, prof.stages)) if spread else None)
+            predict_varying(in_run, cv_from_table(table, prof.stages)) if spread else None,
+            predict_varying(prof, cv_from_profile(prof)) if cv_from_profile(prof) else None)
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
@@ -448,6 +451,11 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
             rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
             rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))
+            own_varying = [r[0] / r[7] for r in rs if len(r) > 7 and r[7]]  # (none before 2026-12-05, later)
+            if own_varying:
+                rows.append((f"p={p}: {schedule} measured / simulated, varying", fmt(own_varying),
+                             "its own profile, each action drawn around its cost with the start-up calls' spread; "
+                             "goal within 5%"))
             shared = [r[0] / r[5] for r in rs if len(r) > 5 and r[5]]  # (a bench.json from before it has none)
             if shared:
                 rows.append((f"p={p}: {schedule} measured / simulated, sharing the cores", fmt(shared),

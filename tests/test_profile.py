@@ -106,6 +106,20 @@ def test_interleaved_timing_keeps_the_median_when_asked_and_the_minimum_by_defau
     assert low["F"] == (3, 0.0) and low["B"] == (6, 0.0)
 
 
+def test_interleaved_timing_gives_each_calls_spread_when_asked():
+    import statistics
+
+    from adapipe_cli.runtime.profile import time_interleaved
+
+    # warm-up (left out), then F's rounds 4 3 8 | 5 3 6; B always 6
+    durations = {"F": [9, 4, 3, 8, 5, 3, 6], "B": [9, 6, 6, 6, 6, 6, 6]}
+    cv = {}
+    clock = FakeClock(durations)
+    time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock, cv=cv)
+    calls = [4, 3, 8, 5, 3, 6]
+    assert cv["F"] == pytest.approx(statistics.pstdev(calls) / statistics.fmean(calls)) and cv["B"] == 0.0
+
+
 def test_a_median_profile_holds_the_median_and_says_so_in_its_method(make_cfg):
     from adapipe_cli.runtime.profile import measure_profile
     from adapipe_cli.model.build import make_stages, model_config
@@ -427,3 +441,26 @@ def test_a_profile_measured_with_cpu_time_holds_it_per_kind_and_joins_it_per_sta
     joined = join_profiles(parts, rounds=1).meta["cpu"]
     assert joined["forward"] == [parts[0].meta["cpu"]["forward"][0], parts[1].meta["cpu"]["forward"][0]]
     assert "cpu" not in join_profiles([parts[0], measure_profile([stages[1]], opt, x, x, reps=1)], rounds=1).meta
+
+
+def test_a_profile_measured_with_its_spread_holds_it_per_kind_and_joins_it_per_stage(make_cfg):
+    """``measure_profile(spread_cv=True)``: each kind's calls' sd over mean in ``meta["cv"]``, per
+    stage, joined in stage order; simulator.jitter reads it by action kind."""
+    from adapipe_cli.runtime.profile import KINDS, join_profiles, measure_profile
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+    from adapipe_cli.simulator.jitter import cv_from_profile
+
+    cfg = make_cfg("pipeline.stages=2")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
+    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True) for st in stages]
+    assert set(parts[0].meta["cv"]) == set(KINDS) and all(c >= 0 for v in parts[0].meta["cv"].values() for c in v)
+    assert parts[0].meta["cv"]["forward"][0] > 0  # (real calls vary)
+    joined = join_profiles(parts, rounds=1)
+    assert joined.meta["cv"]["backward"] == [parts[0].meta["cv"]["backward"][0], parts[1].meta["cv"]["backward"][0]]
+    cv = cv_from_profile(joined)
+    assert cv["F"] == joined.meta["cv"]["forward"] and cv["U"] == joined.meta["cv"]["update"] and set(cv) == set("FBIWU")
+    assert "cv" not in measure_profile([stages[0]], opt, x, x, reps=1).meta and cv_from_profile(parts[0]) is not None
+    assert cv_from_profile(measure_profile([stages[0]], opt, x, x, reps=1)) is None

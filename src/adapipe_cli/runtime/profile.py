@@ -91,7 +91,8 @@ class Work:
 def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes: int = PASSES,
                      timer: Callable[[], float] = time.perf_counter,
                      until: Callable[[], bool] | None = None,
-                     statistic: str = "min", cpu: dict | None = None) -> dict[Hashable, tuple[float, float]]:
+                     statistic: str = "min", cpu: dict | None = None,
+                     cv: dict | None = None) -> dict[Hashable, tuple[float, float]]:
     """Per name: (seconds, spread). After one untimed warm-up call of each, ``passes`` x
     ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
     U, ...). With t[p][r] the time of round r of pass p and S the ``statistic`` (min or median):
@@ -106,7 +107,8 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
     ``until()`` is true (a dist worker whose peers still measure: their rounds must see it
     computing, as they will in the run). ``cpu``: a dict that gets, per name, the same
     statistic of the timed calls' thread CPU seconds (:class:`Work`; empty on a device with its
-    own timer)."""
+    own timer). ``cv``: a dict that gets, per name, the timed calls' standard deviation over their
+    mean (every pass and round: how much one call varies, its drift between passes included)."""
     stat = STATISTICS[statistic]
     items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
     for w in items.values():
@@ -126,6 +128,10 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
         out[name] = (stat([t for ts in per_pass for t in ts]), max(m) / min(m) - 1.0 if min(m) > 0 else 0.0)
         if cpus.get(name):
             cpu[name] = stat(cpus[name])
+        if cv is not None:
+            ts = [t for pass_ in per_pass for t in pass_]
+            mean = statistics.fmean(ts)
+            cv[name] = statistics.pstdev(ts) / mean if mean > 0 and len(ts) > 1 else 0.0
     return out
 
 
@@ -267,7 +273,7 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                     precision: str = "fp32", grad_clip: float = 0.0,
                     make_batch: Callable[[int], object] | None = None,
                     until: Callable[[], bool] | None = None, statistic: str = "min",
-                    signal_rows: int = 0, cpu_time: bool = False) -> CostProfile:
+                    signal_rows: int = 0, cpu_time: bool = False, spread_cv: bool = False) -> CostProfile:
     """The cost profile of a pipeline: every stage's work timed by :func:`time_interleaved` in one
     sequence of rounds (stage 0's F, B, U, stage 1's, ...), so each pass goes over all the stages;
     an unsteady measurement is reported with ``warn`` (:func:`unsteady`). ``make_batch(t)``: the
@@ -278,7 +284,9 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     held-out signal's forward of that many rows is timed too (``CostProfile.signal``; 0: not).
     ``cpu_time``: the same statistic of each kind's thread CPU seconds goes into ``meta["cpu"]``
     (per kind, per stage; on a CPU device only): its work on one core, which the stages of a
-    pipeline that share fewer cores than they are take turns at (:mod:`..simulator.shared`)."""
+    pipeline that share fewer cores than they are take turns at (:mod:`..simulator.shared`).
+    ``spread_cv``: each kind's calls' standard deviation over their mean goes into ``meta["cv"]``
+    (per kind, per stage): how much an action varies, for :mod:`..simulator.jitter`."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
@@ -290,7 +298,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             work.update({(s, key): w[key] for key in w if isinstance(key, tuple)})
             act_bytes = act_bytes or b
         cpu = {} if cpu_time and tokens.device.type == "cpu" else None
-        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic, cpu=cpu)
+        cv = {} if spread_cv else None
+        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic, cpu=cpu, cv=cv)
         work.clear()  # (the in-flight pools' graphs: freed before the memory is measured)
         w = None
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
@@ -311,6 +320,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
                        if all((s, kind) in cpu for s in range(len(stages)))}
         if make_batch is None:
             meta["cpu"]["data"] = [0.0] * len(stages)
+    if cv is not None:
+        meta["cv"] = {kind: [round(cv[(s, kind)], 4) for s in range(len(stages))] for kind in KINDS}
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
@@ -402,6 +413,11 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     kinds = [k for k in cpu[0] if all(k in c for c in cpu)]
     if kinds:
         meta["cpu"] = {k: [cpu[d][k][j] for d, j in at] for k in kinds}
+    cvs = [pt.meta.get("cv") or {} for pt in parts]  # (measure_profile's spread_cv)
+    meta.pop("cv", None)
+    kinds = [k for k in cvs[0] if all(k in c for c in cvs)]
+    if kinds:
+        meta["cv"] = {k: [cvs[d][k][j] for d, j in at] for k in kinds}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],

@@ -310,7 +310,7 @@ class Worker:
             # the median call, not the quiet minimum: the prediction from this profile is of this run's steps
             prof = measure_stage_profile(cfg, modules, x, y, data, warn=lambda line: None,
                                          until=all_measured(board, dist.get_world_size()), statistic="median",
-                                         cpu_time=True)
+                                         cpu_time=True, spread_cv=True)
             prof.meta["device"] = str(device)
             prof.meta["method"] += ", every worker measuring at once"
             if self.reporter:

@@ -12,7 +12,9 @@ machines: both workers waiting 5 to 32 ms a step on each other).
 and coefficient of variation ``cv[kind][stage]`` (a gamma variate: positive, and the
 exponential's at cv 1), and averages the steady step over ``samples`` simulated runs, each with
 its own seeded draws. :func:`cv_from_table` takes the coefficients from a dist run's
-``action_times`` (each row's ``run_sd_s`` over its ``run_s``, pooled over the ranks of a stage).
+``action_times`` (each row's ``run_sd_s`` over its ``run_s``, pooled over the ranks of a stage),
+:func:`cv_from_profile` from a profile that measured them (``meta["cv"]``: a dist run's start-up
+profile, its calls' spread, drift between its passes included).
 The draws are independent from action to action: a machine that slows down for a while slows
 consecutive actions together, which this leaves out.
 """
@@ -84,3 +86,15 @@ def cv_from_table(table: dict, stages: int) -> dict[str, list[float]]:
             row.append(max(0.0, second - mean * mean) ** 0.5 / mean if mean > 0 else 0.0)
         out[kind] = row
     return out
+
+
+ACTION_KIND = {"forward": "F", "backward": "B", "input": "I", "weight": "W", "update": "U"}
+
+
+def cv_from_profile(profile: CostProfile) -> dict[str, list[float]] | None:
+    """Per action kind, per stage: the spread of the profile's calls (``meta["cv"]``, which
+    ``measure_profile(spread_cv=True)`` records); None for a profile without it."""
+    cv = profile.meta.get("cv")
+    if not cv:
+        return None
+    return {ACTION_KIND[k]: list(v) for k, v in cv.items() if k in ACTION_KIND}

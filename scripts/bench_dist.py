@@ -130,16 +130,14 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     # AdaPipe's held-out signal after each update (its run evaluates it, heuristic=fixed too): on the clock
     held_out = follows_held_out(cfg)
 
-    def predict(costs: CostProfile) -> float:
+    def predict(costs: CostProfile, cv: dict | None = None) -> float:
+        """The steady step from ``costs``; with ``cv``, each action drawn around its cost (simulator.jitter)."""
         signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
-        sim = simulate(spec, plan, costs, link, record=False,
-                       mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)
+        kw = dict(mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)
+        if cv is not None:
+            return simulate_jitter(spec, plan, costs, cv, window=(lo, hi), link=link, **kw)[0]
+        sim = simulate(spec, plan, costs, link, record=False, **kw)
         return (sim.update_end[hi] - sim.update_end[lo]) / (hi - lo)
-
-    def predict_varying(costs: CostProfile, cv: dict) -> float:  # (each action drawn around its cost)
-        signal = costs.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
-        return simulate_jitter(spec, plan, costs, cv, window=(lo, hi), link=link,
-                               mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal)[0]
 
     # (the second prediction takes the steady steps' own action costs: what is left between it and
     # the measured step is the schedule's timing, the link and the loop, not the profile's costs;
@@ -148,13 +146,15 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     other = CostProfile.load(reference) if reference is not None else None
     if other is not None and other.stages != prof.stages:  # (whole stages for virtual ones, or the reverse: left out)
         other = None
-    # and at the in-run costs with each action varying as the run's did (their run_sd_s)
+    # and at the in-run costs with each action varying as the run's did (their run_sd_s), and at
+    # the start-up profile's with its calls' spread
     spread = in_run is not None and any("run_sd_s" in r for r in table["actions"])
+    own_cv = cv_from_profile(prof)
     return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
             predict(other) if other else None,
             shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
-            predict_varying(in_run, cv_from_table(table, prof.stages)) if spread else None,
-            predict_varying(prof, cv_from_profile(prof)) if cv_from_profile(prof) else None)
+            predict(in_run, cv_from_table(table, prof.stages)) if spread else None,
+            predict(prof, own_cv) if own_cv else None)
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,

@@ -25,6 +25,8 @@ import json
 import statistics
 from pathlib import Path
 
+from adapipe_cli.sweep.target import evals
+
 
 def probe_cost(run: Path, until: float | None = None, efficiency: float = 1.0) -> dict:
     """{"async_step_s", "sync_steps", "extra_s", "time_s"} of the run at ``run``, up to ``until``,
@@ -50,12 +52,11 @@ def probe_cost(run: Path, until: float | None = None, efficiency: float = 1.0) -
 
 def perplexity_ratio(run: Path, other: Path) -> list[tuple[int, float]]:
     """(step, run's validation perplexity over ``other``'s) at every step both evaluated."""
-    def evals(d: Path) -> dict[int, float]:
+    def ppl(d: Path) -> dict[int, float]:
         if not (d / "metrics.jsonl").is_file():
             raise SystemExit(f"{d}: no metrics.jsonl here; give the directory of an adapipe train run")
-        return {r["step"]: r["val_ppl"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if r["kind"] == "eval"}
-    a, b = evals(run), evals(other)
+        return {r["step"]: r["val_ppl"] for r in evals(d)}
+    a, b = ppl(run), ppl(other)
     return [(t, a[t] / b[t]) for t in sorted(set(a) & set(b))]
 
 

@@ -26,8 +26,8 @@ TINY = [
 
 
 def _compose_once_per_overrides() -> None:
-    """Hydra composes each distinct call (overrides, config name, Hydra's node, configs folder, and
-    with Hydra's node the working directory it records) once per test process: 0.3-1 s a compose on
+    """Hydra composes each distinct call (overrides, config name, Hydra's node and job name, configs
+    folder, and with Hydra's node the working directory it records) once per test process: 0.3-1 s a compose on
     2 busy cores, 121 distinct calls in the fast suite, many more calls. Each call gets its own deep
     copy (~20-40 ms), so a test that changes its config changes no other's. With
     ADAPIPE_TEST_COMPOSE_CHECK=1 every repeated call also composes afresh and fails unless the two
@@ -46,15 +46,15 @@ def _compose_once_per_overrides() -> None:
         return (OmegaConf.to_yaml(a) == OmegaConf.to_yaml(b) and flags(a) == flags(b)
                 and OmegaConf.get_type(a) == OmegaConf.get_type(b))
 
-    def compose_config(overrides, config_name="config", hydra=False):
-        key = (tuple(overrides), config_name, hydra, str(module.conf_dir()), os.getcwd() if hydra else None)
+    def compose_config(overrides, config_name="config", hydra=False, job_name="adapipe"):
+        key = (tuple(overrides), config_name, hydra, job_name, str(module.conf_dir()), os.getcwd() if hydra else None)
         if key not in cache:
-            cfg = fresh(overrides, config_name, hydra)
+            cfg = fresh(overrides, config_name, hydra, job_name)
             cache[key] = copy.deepcopy(cfg)
             return cfg
         cfg = copy.deepcopy(cache[key])
         if check:
-            assert same(cfg, fresh(overrides, config_name, hydra)), f"a cached compose differs: {key}"
+            assert same(cfg, fresh(overrides, config_name, hydra, job_name)), f"a cached compose differs: {key}"
         return cfg
 
     module.compose_config = compose_config

@@ -89,6 +89,26 @@ def test_console_script_runs_and_prints_where_results_are(tmp_path):
     assert "runtime=local" in r.stderr.splitlines()[0]
 
 
+def test_a_single_run_composes_once_and_writes_what_hydra_main_writes(tmp_path, monkeypatch):
+    """``adapipe train`` composes a single run's config once (``hydra.main`` would compose twice
+    more), and its run directory holds the ``.hydra`` files ``hydra.main`` writes: the task's config,
+    the overrides given, and Hydra's node with the run directory, the job's name and the mode."""
+    import yaml
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls, real = [], ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
+    out = tmp_path / "run"
+    assert main(["train", *TINY, "train.max_steps=2", f"hydra.run.dir={out}"]) == 0
+    assert len(calls) == 1
+    assert yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text()) == [*TINY, "train.max_steps=2"]
+    node = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert node["overrides"]["hydra"] == [f"hydra.run.dir={out}", "hydra.mode=RUN"] and node["mode"] == "RUN"
+    assert node["job"]["name"] == "train" and node["runtime"]["output_dir"] == str(out)
+    config = yaml.safe_load((out / ".hydra" / "config.yaml").read_text())
+    assert "hydra" not in config and config["train"]["max_steps"] == 2 and (out / "summary.json").is_file()
+
+
 def test_help_lists_commands_and_groups(capsys):
     assert main(["--help"]) == 0
     text = capsys.readouterr().out

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.validate import ADAPIPE_SYNC, ASYNC_SCHEDULES, SCHEDULES
-from .compose import HELP_FLAGS, compose_or_fail
+from .compose import HELP_FLAGS, compose_or_fail, run_composed, without_hydra
 from .errors import fail
 
 ACTIONS_PRINTED = 256  # per stage, with print=true
@@ -280,6 +280,7 @@ def _task(cfg) -> None:
 
 def simulate_command(overrides: list[str]) -> int:
     import hydra
+    from hydra.types import RunMode
 
     from ..config import conf_dir
     from ..config.schema import register_simulate_config
@@ -292,12 +293,19 @@ def simulate_command(overrides: list[str]) -> int:
         return 0
     wants_help = any(a in HELP_FLAGS for a in overrides)
     multirun = any(a in ("-m", "--multirun") for a in overrides)
+    composed = None  # a single simulation's config with Hydra's node: composed once, checked, then run
     if not wants_help and not multirun:  # one-line errors before Hydra makes a run directory
-        prepare(compose_or_fail([a for a in overrides if not a.startswith("-")], config_name="simulate", check=False))
-    sys.argv = ["adapipe simulate", *overrides]
-    main = hydra.main(config_path=str(conf_dir()), config_name="simulate", version_base="1.3")(_task)
+        composed = compose_or_fail([a for a in overrides if not a.startswith("-")], config_name="simulate",
+                                   check=False, hydra=True, job_name="simulate")
+        prepare(without_hydra(composed))
+        if composed.hydra.mode not in (None, RunMode.RUN):  # hydra.mode=MULTIRUN given: Hydra's own way
+            composed = None
     try:
-        main()
+        if composed is not None:
+            run_composed(composed, _task)
+        else:
+            sys.argv = ["adapipe simulate", *overrides]
+            hydra.main(config_path=str(conf_dir()), config_name="simulate", version_base="1.3")(_task)()
     except SystemExit as e:
         return int(e.code or 0)
     return 0

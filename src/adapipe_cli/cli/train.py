@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import RETIRED_KEYS
 from . import signals
-from .compose import HELP_FLAGS, check_overrides, compose_or_fail
+from .compose import HELP_FLAGS, check_overrides, compose_or_fail, run_composed, without_hydra
 from .errors import EXIT_USAGE, fail
 
 
@@ -153,24 +153,24 @@ def _check_resume(cfg) -> None:
         fail(refusal)
 
 
-def _fix_run_dir(overrides: list[str], cfg) -> tuple[list[str], Path | None]:
-    """The overrides with ``hydra.run.dir`` fixed now (its default name holds the time of day), and
-    the outermost folder of it that does not exist yet: what a refused run removes again (None when
-    the run directory exists already, e.g. a resumed run's). ``cfg``: composed with Hydra's node,
-    which this takes out of it."""
+def _fix_run_dir(cfg) -> Path | None:
+    """Fix ``hydra.run.dir`` in ``cfg`` (composed with Hydra's node) now, as if it had been given
+    (its default name holds the time of day), and return the outermost folder of it that does not
+    exist yet: what a refused run removes again (None when the run directory exists already, e.g. a
+    resumed run's)."""
     from omegaconf import open_dict
 
     run_dir = Path(str(cfg.hydra.run.dir)).absolute()
     with open_dict(cfg):
-        del cfg["hydra"]
-    if not any(a.startswith("hydra.run.dir=") for a in overrides):
-        overrides = [*overrides, f"hydra.run.dir={run_dir}"]
+        if not any(a.startswith("hydra.run.dir=") for a in cfg.hydra.overrides.hydra):
+            cfg.hydra.overrides.hydra.append(f"hydra.run.dir={run_dir}")
+        cfg.hydra.run.dir = str(run_dir)
     created = None
     for d in (run_dir, *run_dir.parents):
         if d.exists():
             break
         created = d
-    return overrides, created
+    return created
 
 
 def help_text(overrides: list[str], command: str = "train", config_name: str = "config") -> str:
@@ -204,6 +204,7 @@ def train_command(overrides: list[str]) -> int:
 
 def _train_command(overrides: list[str]) -> int:
     import hydra
+    from hydra.types import RunMode
 
     from ..config import conf_dir, register_configs
 
@@ -216,10 +217,11 @@ def _train_command(overrides: list[str]) -> int:
     created = None  # what a refused single run removes
     if multirun:
         check_overrides(overrides)
+    composed = None  # a single run's config with Hydra's node: composed once, checked, then run
     if not wants_help and not multirun:
-        # one compose for both (each costs ~0.2 s): the config, and Hydra's node for the run directory
-        cfg = compose_or_fail([a for a in overrides if not a.startswith("-")], hydra=True)
-        overrides, created = _fix_run_dir(overrides, cfg)
+        composed = compose_or_fail([a for a in overrides if not a.startswith("-")], hydra=True, job_name="train")
+        created = _fix_run_dir(composed)
+        cfg = without_hydra(composed)
         if cfg.train.resume:
             _check_resume(cfg)
         if "RANK" in os.environ and "MASTER_ADDR" in os.environ:
@@ -228,12 +230,16 @@ def _train_command(overrides: list[str]) -> int:
                 from ..runtime.launch import torchrun_main
 
                 torchrun_main(cfg.pipeline.timeout_s)
-    register_configs()
-    sys.argv = ["adapipe train", *overrides]
-    main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)
+        if composed.hydra.mode not in (None, RunMode.RUN):  # hydra.mode=MULTIRUN given: Hydra's own way
+            composed = None
     _FAILED.clear()
     try:
-        main()
+        if composed is not None:
+            run_composed(composed, _task)
+        else:
+            register_configs()
+            sys.argv = ["adapipe train", *overrides]
+            hydra.main(config_path=str(conf_dir()), config_name="config", version_base="1.3")(_task)()
     except SystemExit as e:
         if e.code == EXIT_USAGE and created is not None:  # a refused run leaves nothing behind
             shutil.rmtree(created, ignore_errors=True)

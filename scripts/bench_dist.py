@@ -50,6 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -107,18 +108,26 @@ def finished_run(out: Path) -> tuple[int, int, float, CostProfile, Plan, LinkMod
             Plan(len(steps), [r["phase"] for r in steps]), LinkModel.choose(0.0, 0.0, prof))
 
 
+class RunResult(NamedTuple):
+    """One dist run's measured steady step and its predictions (seconds; None: not available). A
+    bench.json stores it as a list in this order; one written before a field existed ends early."""
+    measured: float  # the mean steady step of the run
+    own: float  # the simulator's, from the run's own profile, link and phases (with replicas, the
+    # all-reduce, an all_gather of each stage's parameter bytes, over that link)
+    went: dict | None = None  # :func:`where_time_went` of its summary.json
+    in_run: float | None = None  # each action at its in-run cost, :func:`in_run_profile`
+    other: float | None = None  # from another run's profile_in_run.json (``reference``), where it
+    # has as many stages: costs measured as a pipeline computes, but not this one's
+    shared: float | None = None  # the own profile with the workers sharing the cores, :func:`shared_prediction`
+    in_run_varying: float | None = None  # at the in-run costs, each action varying as the run's did
+    # (:func:`.jitter.simulate_jitter` with :func:`.jitter.cv_from_table`; None without the spread)
+    own_varying: float | None = None  # the own profile, each action varying as its start-up calls
+    # did (:func:`.jitter.cv_from_profile`)
+
+
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
-                reference: Path | None = None) -> tuple:
-    """(mean steady step time of a dist run, the same from the simulator with the run's own
-    profile, link and phases; with replicas, the all-reduce (an all_gather) of each stage's
-    parameter bytes over that link; :func:`where_time_went` of its summary.json; the simulator's
-    step again with each action at its in-run cost, :func:`in_run_profile`; and with the
-    ``profile_in_run.json`` of another run, ``reference``, where it has as many stages: a
-    prediction from costs measured as a pipeline computes, but not this one's; the step from the
-    run's own profile with the workers sharing the cores, :func:`shared_prediction`; and the step at
-    the in-run costs with each action varying as the run's did, :func:`.jitter.simulate_jitter`
-    with :func:`.jitter.cv_from_table` (None for a table without the spread); and the step from the
-    run's own profile with each action varying as its start-up calls did, :func:`.jitter.cv_from_profile`)."""
+                reference: Path | None = None) -> RunResult:
+    """A dist run of ``schedule`` in ``out`` and what the simulator predicts for it (:class:`RunResult`)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
     subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
@@ -150,11 +159,11 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
     # the start-up profile's with its calls' spread
     spread = in_run is not None and any("run_sd_s" in r for r in table["actions"])
     own_cv = cv_from_profile(prof)
-    return (measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
-            predict(other) if other else None,
-            shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
-            predict(in_run, cv_from_table(table, prof.stages)) if spread else None,
-            predict(prof, own_cv) if own_cv else None)
+    return RunResult(measured, predict(prof), where_time_went(table), predict(in_run) if in_run else None,
+                     predict(other) if other else None,
+                     shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
+                     predict(in_run, cv_from_table(table, prof.stages)) if spread else None,
+                     predict(prof, own_cv) if own_cv else None)
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
@@ -445,36 +454,36 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             if torch_t:
                 rows.append((f"p={p}: {schedule} step, torch {TORCH[schedule]} (ms)", fmt([1e3 * t for t in torch_t]),
                              "best / median"))
-            rs = runs[(p, schedule)]
+            rs = [RunResult(*r) for r in runs[(p, schedule)]]
             if not rs:  # (left out at this depth: interleaved with too few blocks)
                 continue
-            rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r[0] for r in rs]), ""))
-            rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r[1] for r in rs]), "its own profile"))
-            rows.append((f"p={p}: {schedule} measured / simulated", fmt([r[0] / r[1] for r in rs]), "goal within 5%"))
-            own_varying = [r[0] / r[7] for r in rs if len(r) > 7 and r[7]]  # (none before 2026-12-05, later)
+            rows.append((f"p={p}: {schedule} step, adapipe dist (ms)", fmt([1e3 * r.measured for r in rs]), ""))
+            rows.append((f"p={p}: {schedule} step, simulated (ms)", fmt([1e3 * r.own for r in rs]), "its own profile"))
+            rows.append((f"p={p}: {schedule} measured / simulated", fmt([r.measured / r.own for r in rs]), "goal within 5%"))
+            own_varying = [r.measured / r.own_varying for r in rs if r.own_varying]  # (none before 2026-12-05, later)
             if own_varying:
                 rows.append((f"p={p}: {schedule} measured / simulated, varying", fmt(own_varying),
                              "its own profile, each action drawn around its cost with the start-up calls' spread; "
                              "goal within 5%"))
-            shared = [r[0] / r[5] for r in rs if len(r) > 5 and r[5]]  # (a bench.json from before it has none)
+            shared = [r.measured / r.shared for r in rs if r.shared]  # (a bench.json from before it has none)
             if shared:
                 rows.append((f"p={p}: {schedule} measured / simulated, sharing the cores", fmt(shared),
                              "its own profile's CPU seconds, the workers sharing the machine's cores; goal within 5%"))
-            inrun = [r[0] / r[3] for r in rs if len(r) > 3 and r[3]]  # (a bench.json from before it has none)
+            inrun = [r.measured / r.in_run for r in rs if r.in_run]  # (a bench.json from before it has none)
             if inrun:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),
                              "each action at the run's own cost: the schedule's timing alone"))
-            varying = [r[0] / r[6] for r in rs if len(r) > 6 and r[6]]  # (none before 2026-12-05, later)
+            varying = [r.measured / r.in_run_varying for r in rs if r.in_run_varying]  # (none before 2026-12-05, later)
             if varying:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs, varying", fmt(varying),
                              "each action drawn around its in-run cost with the run's spread (simulator.jitter)"))
-            other = [r[0] / r[4] for r in rs if len(r) > 4 and r[4]]
+            other = [r.measured / r.other for r in rs if r.other]
             if other:
                 whose = ("the repeat before's run of the same schedule" if schedule in REFERENCES
                          else "this repeat's 1F1B run")
                 rows.append((f"p={p}: {schedule} measured / simulated from another run's in-run profile", fmt(other),
                              f"{len(other)} repeats; the profile_in_run.json of {whose}; goal within 5%"))
-            went = [r[2] for r in rs if len(r) > 2 and r[2]]  # (a bench.json from before action_times has none)
+            went = [r.went for r in rs if r.went]  # (a bench.json from before action_times has none)
             if went:
                 med = lambda k: statistics.median(w[k] for w in went)  # noqa: E731
                 kinds = [k for k in ("F", "B", "I", "W", "U") if all(k in w for w in went)]
@@ -487,29 +496,29 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
                 rows.append((f"p={p}: {schedule} peak RSS (MB)", rss_row(memory[(p, schedule)]),
                              "median of repeats; workers by rank"))
             if torch_t:
-                ratio = [a[0] / t for a, t in zip(rs, torch_t)]
+                ratio = [a.measured / t for a, t in zip(rs, torch_t)]
                 ci = median_ci(ratio)
                 rows.append((f"p={p}: {schedule} adapipe / torch", fmt(ratio),
                              f"{len(ratio)} paired repeats; goal median <= 1.0"
                              + (f"; the median's 95% bootstrap interval {fmt_ci(ci)}" if ci else "")))
         for schedule in replica_schedules:
-            one = runs[(p, replica_key(schedule, 1))]
+            one = [RunResult(*x) for x in runs[(p, replica_key(schedule, 1))]]
             for r in replicas:
-                rs = runs[(p, replica_key(schedule, r))]
+                rs = [RunResult(*x) for x in runs[(p, replica_key(schedule, r))]]
                 name = f"p={p} R={r}: {schedule}"
-                rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * x[0] for x in rs]), f"{r * p} workers"))
-                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * x[1] for x in rs]), "its own profile, all_gather on its link"))
-                rows.append((f"{name} measured / simulated", fmt([x[0] / x[1] for x in rs]), "goal within 15%"))
-                shared = [x[0] / x[5] for x in rs if len(x) > 5 and x[5]]
+                rows.append((f"{name} step, adapipe dist (ms)", fmt([1e3 * x.measured for x in rs]), f"{r * p} workers"))
+                rows.append((f"{name} step, simulated (ms)", fmt([1e3 * x.own for x in rs]), "its own profile, all_gather on its link"))
+                rows.append((f"{name} measured / simulated", fmt([x.measured / x.own for x in rs]), "goal within 15%"))
+                shared = [x.measured / x.shared for x in rs if x.shared]
                 if shared:
                     rows.append((f"{name} measured / simulated, sharing the cores", fmt(shared),
                                  "its own profile's CPU seconds, the workers sharing the machine's cores"))
-                inrun = [x[0] / x[3] for x in rs if len(x) > 3 and x[3]]
+                inrun = [x.measured / x.in_run for x in rs if x.in_run]
                 if inrun:
                     rows.append((f"{name} measured / simulated at in-run costs", fmt(inrun),
                                  "each action at the run's own cost"))
                 pairs = list(zip(rs, one))
-                rows.append((f"{name} step / R=1 step", fmt([a[0] / b[0] for a, b in pairs]),
+                rows.append((f"{name} step / R=1 step", fmt([a.measured / b.measured for a, b in pairs]),
                              f"{len(pairs)} paired repeats; {r}x the batch: ideal 1.0 plus the all-reduce"))
                 if memory and memory.get((p, replica_key(schedule, r))):
                     rows.append((f"{name} peak RSS (MB)", rss_row(memory[(p, replica_key(schedule, r))]),

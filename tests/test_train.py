@@ -107,6 +107,13 @@ def test_a_single_run_composes_once_and_writes_what_hydra_main_writes(tmp_path, 
     assert node["job"]["name"] == "train" and node["runtime"]["output_dir"] == str(out)
     config = yaml.safe_load((out / ".hydra" / "config.yaml").read_text())
     assert "hydra" not in config and config["train"]["max_steps"] == 2 and (out / "summary.json").is_file()
+    # a run directory given relative is recorded as given, a mode given once; Hydra's flags go to
+    # hydra.main, which refuses one it does not know, before anything is written
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", *TINY, "train.max_steps=2", "hydra.run.dir=rel/run", "hydra.mode=RUN"]) == 0
+    node = yaml.safe_load((tmp_path / "rel" / "run" / ".hydra" / "hydra.yaml").read_text())["hydra"]
+    assert node["run"]["dir"] == "rel/run" and node["overrides"]["hydra"] == ["hydra.run.dir=rel/run", "hydra.mode=RUN"]
+    assert main(["train", *TINY, "hydra.run.dir=rel/flag", "--no-such-flag"]) == 2 and not (tmp_path / "rel" / "flag").exists()
 
 
 def test_help_lists_commands_and_groups(capsys):

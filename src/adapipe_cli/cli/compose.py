@@ -37,6 +37,16 @@ def without_hydra(cfg: DictConfig) -> DictConfig:
     return out
 
 
+def one_job(cfg: DictConfig, args: list[str]) -> bool:
+    """Whether :func:`run_composed` runs ``args`` (``cfg`` their config, with Hydra's node) as
+    ``hydra.main`` would: not with Hydra's own flags (``--config-dir`` ..., parsed by hydra.main,
+    which refuses unknown ones), a multirun mode, or Hydra's verbose report."""
+    from hydra.types import RunMode
+
+    return (not any(a.startswith("-") for a in args) and cfg.hydra.mode in (None, RunMode.RUN)
+            and not cfg.hydra.verbose)
+
+
 def run_composed(cfg: DictConfig, task: Callable[[DictConfig], None]) -> None:
     """Run ``task`` as ``hydra.main`` runs one job, on ``cfg`` composed already with Hydra's node:
     the run directory and its ``.hydra/`` files, Hydra's logging and callbacks, and Hydra's report
@@ -49,9 +59,10 @@ def run_composed(cfg: DictConfig, task: Callable[[DictConfig], None]) -> None:
     from omegaconf import open_dict
 
     def run() -> None:
-        with open_dict(cfg):  # as hydra.main records the mode it chose
-            cfg.hydra.mode = RunMode.RUN
-            cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
+        if cfg.hydra.mode is None:
+            with open_dict(cfg):  # as hydra.main records the mode it chose
+                cfg.hydra.mode = RunMode.RUN
+                cfg.hydra.overrides.hydra.append("hydra.mode=RUN")
         configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
         callbacks = Callbacks(cfg)
         config_name = cfg.hydra.job.config_name

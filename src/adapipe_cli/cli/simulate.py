@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config.validate import ADAPIPE_SYNC, ASYNC_SCHEDULES, SCHEDULES
-from .compose import HELP_FLAGS, compose_or_fail, run_composed, without_hydra
+from .compose import HELP_FLAGS, compose_or_fail, one_job, run_composed, without_hydra
 from .errors import fail
 
 ACTIONS_PRINTED = 256  # per stage, with print=true
@@ -280,7 +280,6 @@ def _task(cfg) -> None:
 
 def simulate_command(overrides: list[str]) -> int:
     import hydra
-    from hydra.types import RunMode
 
     from ..config import conf_dir
     from ..config.schema import register_simulate_config
@@ -298,7 +297,7 @@ def simulate_command(overrides: list[str]) -> int:
         composed = compose_or_fail([a for a in overrides if not a.startswith("-")], config_name="simulate",
                                    check=False, hydra=True, job_name="simulate")
         prepare(without_hydra(composed))
-        if composed.hydra.mode not in (None, RunMode.RUN):  # hydra.mode=MULTIRUN given: Hydra's own way
+        if not one_job(composed, overrides):  # Hydra's own flags, mode or report: hydra.main's way
             composed = None
     try:
         if composed is not None:

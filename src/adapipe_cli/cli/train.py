@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import RETIRED_KEYS
 from . import signals
-from .compose import HELP_FLAGS, check_overrides, compose_or_fail, run_composed, without_hydra
+from .compose import HELP_FLAGS, check_overrides, compose_or_fail, one_job, run_composed, without_hydra
 from .errors import EXIT_USAGE, fail
 
 
@@ -161,10 +161,10 @@ def _fix_run_dir(cfg) -> Path | None:
     from omegaconf import open_dict
 
     run_dir = Path(str(cfg.hydra.run.dir)).absolute()
-    with open_dict(cfg):
-        if not any(a.startswith("hydra.run.dir=") for a in cfg.hydra.overrides.hydra):
+    if not any(a.startswith("hydra.run.dir=") for a in cfg.hydra.overrides.hydra):  # (one given stays as given)
+        with open_dict(cfg):
             cfg.hydra.overrides.hydra.append(f"hydra.run.dir={run_dir}")
-        cfg.hydra.run.dir = str(run_dir)
+            cfg.hydra.run.dir = str(run_dir)
     created = None
     for d in (run_dir, *run_dir.parents):
         if d.exists():
@@ -204,7 +204,6 @@ def train_command(overrides: list[str]) -> int:
 
 def _train_command(overrides: list[str]) -> int:
     import hydra
-    from hydra.types import RunMode
 
     from ..config import conf_dir, register_configs
 
@@ -230,7 +229,9 @@ def _train_command(overrides: list[str]) -> int:
                 from ..runtime.launch import torchrun_main
 
                 torchrun_main(cfg.pipeline.timeout_s)
-        if composed.hydra.mode not in (None, RunMode.RUN):  # hydra.mode=MULTIRUN given: Hydra's own way
+        if not one_job(composed, overrides):  # Hydra's own flags, mode or report: hydra.main's way
+            if not any(a.startswith("hydra.run.dir=") for a in overrides):  # (the run directory fixed above)
+                overrides = [*overrides, f"hydra.run.dir={composed.hydra.run.dir}"]
             composed = None
     _FAILED.clear()
     try:

@@ -21,7 +21,8 @@
    train`` process of its own, so the driver's peak is that run's); and at the run's own in-run
    costs with each action varying as the run's did (``simulator.jitter``: how much of what is
    left is the stages waiting on each other's slow actions), and from its own start-up profile
-   with each action varying as the profile's calls did.
+   with each action varying as the profile's calls did, and sharing the cores with each action's
+   CPU seconds varying as the profile's calls' CPU seconds did.
 3. The transport's cost per message: a 1 MB activation forward and its gradient back through
    DistTransport (as a worker uses it: receives posted ahead, buffers given back) against a bare
    dist.send / dist.recv pair (ping-pong, one way; paired short rounds run back to back; goal at
@@ -69,7 +70,7 @@ from adapipe_cli.schedules.choice import (follows_held_out, microbatch_size, sch
                                          virtual_stages)
 from adapipe_cli.simulator.clock import AllReduceModel, CostProfile, LinkModel  # noqa: E402
 from adapipe_cli.simulator.jitter import cv_from_profile, cv_from_table, simulate_jitter  # noqa: E402
-from adapipe_cli.simulator.shared import cpu_profile, simulate_shared  # noqa: E402
+from adapipe_cli.simulator.shared import cpu_profile, simulate_shared, simulate_shared_jitter  # noqa: E402
 from adapipe_cli.simulator.simulate import simulate  # noqa: E402
 from adapipe_cli.sweep.bootstrap import fmt_ci, median_ci  # noqa: E402
 from adapipe_cli.train.build import pick_sync  # noqa: E402
@@ -123,6 +124,8 @@ class RunResult(NamedTuple):
     # (:func:`.jitter.simulate_jitter` with :func:`.jitter.cv_from_table`; None without the spread)
     own_varying: float | None = None  # the own profile, each action varying as its start-up calls
     # did (:func:`.jitter.cv_from_profile`)
+    shared_varying: float | None = None  # sharing the cores, each action's CPU seconds varying as
+    # its start-up calls' did (``meta["cpu_cv"]``; none before 2026-12-05, later)
 
 
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
@@ -163,24 +166,29 @@ def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
                      predict(other) if other else None,
                      shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out),
                      predict(in_run, cv_from_table(table, prof.stages)) if spread else None,
-                     predict(prof, own_cv) if own_cv else None)
+                     predict(prof, own_cv) if own_cv else None,
+                     shared_prediction(cfg, spec, plan, prof, link, (lo, hi), replicas, allreduce, held_out, varying=True))
 
 
 def shared_prediction(cfg, spec, plan, prof: CostProfile, link: LinkModel, window: tuple[int, int], replicas: int,
-                      allreduce: AllReduceModel | None, held_out: bool) -> float | None:
+                      allreduce: AllReduceModel | None, held_out: bool, varying: bool = False) -> float | None:
     """The steady step predicted from the run's own start-up profile with its workers sharing the
     cores they ran on (:func:`adapipe_cli.simulator.shared.simulate_shared`): each action at its
     start-up CPU seconds, gloo's threads at the link's CPU per message end; None for a profile
     without them (a run of a version before 2026-12-05, or not on gloo). ``held_out``: the run
-    evaluates AdaPipe's held-out signal after every update (:func:`adapipe_run`'s)."""
+    evaluates AdaPipe's held-out signal after every update (:func:`adapipe_run`'s). ``varying``:
+    each action's CPU seconds drawn around their mean with the spread of the start-up calls' CPU
+    seconds (``meta["cpu_cv"]``; None for a profile without it), :func:`.shared.simulate_shared_jitter`."""
     cpu, host = cpu_profile(prof), prof.meta.get("host")
-    if cpu is None or not host:
+    cv = cv_from_profile(prof, "cpu_cv") if varying else None
+    if cpu is None or not host or (varying and not cv):
         return None
     signal = cpu.signal_costs(signal_rows(cfg), microbatch_size(cfg)) if held_out else None
-    return simulate_shared(spec, plan, cpu, host["cores"], replicas=replicas,
-                           message_cpu_s=float(prof.link.get("thread_cpu_s", 0.0)), link=link,
-                           mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal,
-                           window=window).step_time
+    kw = dict(replicas=replicas, message_cpu_s=float(prof.link.get("thread_cpu_s", 0.0)), link=link,
+              mitigations=list(cfg.schedule.mitigation), allreduce=allreduce, signal=signal, window=window)
+    if cv:
+        return simulate_shared_jitter(spec, plan, cpu, host["cores"], cv, **kw)[0]
+    return simulate_shared(spec, plan, cpu, host["cores"], **kw).step_time
 
 
 def where_time_went(table: dict | None) -> dict:
@@ -469,6 +477,11 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
             if shared:
                 rows.append((f"p={p}: {schedule} measured / simulated, sharing the cores", fmt(shared),
                              "its own profile's CPU seconds, the workers sharing the machine's cores; goal within 5%"))
+            shared_varying = [r.measured / r.shared_varying for r in rs if r.shared_varying]
+            if shared_varying:
+                rows.append((f"p={p}: {schedule} measured / simulated, sharing the cores, varying", fmt(shared_varying),
+                             "the same, each action's CPU seconds drawn around them with the start-up calls' CPU spread; "
+                             "goal within 5%"))
             inrun = [r.measured / r.in_run for r in rs if r.in_run]  # (a bench.json from before it has none)
             if inrun:
                 rows.append((f"p={p}: {schedule} measured / simulated at in-run costs", fmt(inrun),

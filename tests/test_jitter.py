@@ -81,3 +81,11 @@ def test_the_spread_of_a_stage_pools_its_ranks():
     ]}
     # stage 1's forwards: values 1, 1, 3, 3 (mean 2, sd 1); stage 0's backward 0.5 / 2
     assert cv_from_table(table, 2) == {"B": [0.25, 0.0], "F": [0.0, 0.5], "U": [0.0, 0.0]}
+
+
+def test_a_stage_and_kind_draw_the_same_factors_in_any_visiting_order():
+    a, b = gamma_factors({"F": [0.3, 0.3], "B": [0.2, 0.2]}, seed=7), gamma_factors({"F": [0.3, 0.3], "B": [0.2, 0.2]}, seed=7)
+    first = [a(0, "F"), a(1, "F"), a(0, "B"), a(0, "F")]
+    second = [b(0, "B"), b(1, "F"), b(0, "F"), b(0, "F")]
+    assert (first[0], first[3], first[1], first[2]) == (second[2], second[3], second[1], second[0])
+    assert len(set(first)) == 4  # (and the streams differ)

@@ -106,18 +106,24 @@ def test_interleaved_timing_keeps_the_median_when_asked_and_the_minimum_by_defau
     assert low["F"] == (3, 0.0) and low["B"] == (6, 0.0)
 
 
-def test_interleaved_timing_gives_each_calls_spread_when_asked():
+def test_interleaved_timing_gives_each_calls_spread_when_asked(monkeypatch):
+    """``cv``: the timed calls' sd over mean; ``cpu_cv`` the same of their thread CPU seconds (here
+    a thread CPU clock that moves with the fake work, 1 s of CPU a call beside its wall time)."""
     import statistics
+    from types import SimpleNamespace
 
+    from adapipe_cli.runtime import profile
     from adapipe_cli.runtime.profile import time_interleaved
 
     # warm-up (left out), then F's rounds 4 3 8 | 5 3 6; B always 6
     durations = {"F": [9, 4, 3, 8, 5, 3, 6], "B": [9, 6, 6, 6, 6, 6, 6]}
-    cv = {}
+    cv, cpu, cpu_cv = {}, {}, {}
     clock = FakeClock(durations)
-    time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock, cv=cv)
+    monkeypatch.setattr(profile, "time", SimpleNamespace(thread_time=lambda: 2 * clock.t))
+    time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock, cv=cv, cpu=cpu, cpu_cv=cpu_cv)
     calls = [4, 3, 8, 5, 3, 6]
     assert cv["F"] == pytest.approx(statistics.pstdev(calls) / statistics.fmean(calls)) and cv["B"] == 0.0
+    assert cpu["F"] == 6 and cpu_cv == pytest.approx(cv)  # (the CPU clock runs twice as fast: the same spread)
 
 
 def test_a_median_profile_holds_the_median_and_says_so_in_its_method(make_cfg):
@@ -464,3 +470,10 @@ def test_a_profile_measured_with_its_spread_holds_it_per_kind_and_joins_it_per_s
     assert cv["F"] == joined.meta["cv"]["forward"] and cv["U"] == joined.meta["cv"]["update"] and set(cv) == set("FBIWU")
     assert "cv" not in measure_profile([stages[0]], opt, x, x, reps=1).meta and cv_from_profile(parts[0]) is not None
     assert cv_from_profile(measure_profile([stages[0]], opt, x, x, reps=1)) is None
+    # with cpu_time, the thread CPU seconds' spread too, in meta["cpu_cv"], joined the same way
+    assert "cpu_cv" not in parts[0].meta
+    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True, cpu_time=True) for st in stages]
+    joined = join_profiles(parts, rounds=1)
+    assert set(joined.meta["cpu_cv"]) == set(KINDS) and all(c >= 0 for v in joined.meta["cpu_cv"].values() for c in v)
+    assert joined.meta["cpu_cv"]["forward"] == [parts[0].meta["cpu_cv"]["forward"][0], parts[1].meta["cpu_cv"]["forward"][0]]
+    assert cv_from_profile(joined, "cpu_cv")["B"] == joined.meta["cpu_cv"]["backward"]

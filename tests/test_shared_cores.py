@@ -121,3 +121,35 @@ def test_scaled_multiplies_every_cost_of_a_stage_the_signal_too():
     # with chunks: virtual stage s on device s % 2
     s = scaled(CostProfile.uniform(4, forward=1.0), [1.0, 2.0], lambda c: c % 2)
     assert s.forward == [1.0, 2.0, 1.0, 2.0]
+
+
+def test_varying_actions_with_a_core_per_stage_are_the_jitter_simulator():
+    """With a core per stage, nothing is shared: each sample is :func:`simulate_jitter`'s."""
+    from adapipe_cli.simulator.jitter import simulate_jitter
+    from adapipe_cli.simulator.shared import simulate_shared_jitter
+
+    prof, sp, plan = CostProfile([1.0, 0.8], [2.0, 1.5], [0.3, 0.2]), spec(2, 2), Plan(60, [ASYNC] * 60)
+    cv = {k: [0.3, 0.2] for k in "FBU"}
+    shared, each = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=3, seed=5, window=(10, 50))
+    alone, alone_each = simulate_jitter(sp, plan, prof, cv, samples=3, seed=5, window=(10, 50))
+    assert each == pytest.approx(alone_each, rel=1e-9) and shared == pytest.approx(alone, rel=1e-9)
+    assert len(set(each)) == 3  # (each sample its own draws)
+    # no spread: the shared simulator of means, every sample
+    plain = simulate_shared(sp, plan, prof, cores=1, window=(10, 50)).step_time
+    assert simulate_shared_jitter(sp, plan, prof, cores=1, cv={"F": [0.0, 0.0]}, samples=2, window=(10, 50))[1] == [plain, plain]
+    with pytest.raises(ValueError, match="samples"):
+        simulate_shared_jitter(sp, plan, prof, cores=1, cv=cv, samples=0)
+
+
+def test_on_one_core_varying_actions_leave_an_async_step_at_all_its_work():
+    """On one core a 2-stage PipeDream stream always has a stage ready, so the core never idles:
+    the step stays the sum of all its work whatever each action takes around its mean, while with a
+    core per stage the stages wait on each other's slow actions and the step grows."""
+    from adapipe_cli.simulator.shared import simulate_shared_jitter
+
+    prof, sp, plan = CostProfile([1.0, 1.0], [2.0, 2.0], [0.3, 0.3]), spec(2, 1), Plan(800, [ASYNC] * 800)
+    cv = {k: [0.3, 0.3] for k in "FBU"}
+    one_core, _ = simulate_shared_jitter(sp, plan, prof, cores=1, cv=cv, samples=3, window=(20, 780))
+    assert one_core == pytest.approx(2 * 3.3, rel=0.02)
+    two_cores, _ = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=3, window=(20, 780))
+    assert two_cores > 1.05 * 3.3

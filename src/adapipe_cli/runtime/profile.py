@@ -92,7 +92,7 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
                      timer: Callable[[], float] = time.perf_counter,
                      until: Callable[[], bool] | None = None,
                      statistic: str = "min", cpu: dict | None = None,
-                     cv: dict | None = None) -> dict[Hashable, tuple[float, float]]:
+                     cv: dict | None = None, cpu_cv: dict | None = None) -> dict[Hashable, tuple[float, float]]:
     """Per name: (seconds, spread). After one untimed warm-up call of each, ``passes`` x
     ``rounds`` rounds each call every piece of ``work`` once, in the dict's order (F, B, U, F, B,
     U, ...). With t[p][r] the time of round r of pass p and S the ``statistic`` (min or median):
@@ -108,7 +108,8 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
     computing, as they will in the run). ``cpu``: a dict that gets, per name, the same
     statistic of the timed calls' thread CPU seconds (:class:`Work`; empty on a device with its
     own timer). ``cv``: a dict that gets, per name, the timed calls' standard deviation over their
-    mean (every pass and round: how much one call varies, its drift between passes included)."""
+    mean (every pass and round: how much one call varies, its drift between passes included);
+    ``cpu_cv``: the same of their thread CPU seconds (with ``cpu``)."""
     stat = STATISTICS[statistic]
     items = {name: w if isinstance(w, Work) else Work(w) for name, w in work.items()}
     for w in items.values():
@@ -129,10 +130,16 @@ def time_interleaved(work: dict[Hashable, Callable | Work], rounds: int, passes:
         if cpus.get(name):
             cpu[name] = stat(cpus[name])
         if cv is not None:
-            ts = [t for pass_ in per_pass for t in pass_]
-            mean = statistics.fmean(ts)
-            cv[name] = statistics.pstdev(ts) / mean if mean > 0 and len(ts) > 1 else 0.0
+            cv[name] = _cv([t for pass_ in per_pass for t in pass_])
+        if cpu_cv is not None and cpus.get(name):
+            cpu_cv[name] = _cv(cpus[name])
     return out
+
+
+def _cv(xs: list[float]) -> float:
+    """Standard deviation over mean (0 for fewer than two values or a mean of 0)."""
+    mean = statistics.fmean(xs)
+    return statistics.pstdev(xs) / mean if mean > 0 and len(xs) > 1 else 0.0
 
 
 def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer], tokens: torch.Tensor,
@@ -286,7 +293,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
     (per kind, per stage; on a CPU device only): its work on one core, which the stages of a
     pipeline that share fewer cores than they are take turns at (:mod:`..simulator.shared`).
     ``spread_cv``: each kind's calls' standard deviation over their mean goes into ``meta["cv"]``
-    (per kind, per stage): how much an action varies, for :mod:`..simulator.jitter`."""
+    (per kind, per stage): how much an action varies, for :mod:`..simulator.jitter`; with
+    ``cpu_time``, that of their thread CPU seconds into ``meta["cpu_cv"]``."""
     state = torch.random.get_rng_state()
     timer = device_timer(tokens, timer)
     try:
@@ -299,7 +307,8 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             act_bytes = act_bytes or b
         cpu = {} if cpu_time and tokens.device.type == "cpu" else None
         cv = {} if spread_cv else None
-        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic, cpu=cpu, cv=cv)
+        cpu_cv = {} if spread_cv and cpu is not None else None
+        t = time_interleaved(work, reps, timer=timer, until=until, statistic=statistic, cpu=cpu, cv=cv, cpu_cv=cpu_cv)
         work.clear()  # (the in-flight pools' graphs: freed before the memory is measured)
         w = None
         mem = [stage_memory(stage, make_optimizer, tokens, targets, precision) for stage in stages]
@@ -322,6 +331,9 @@ def measure_profile(stages: list[GPTStage], make_optimizer: Callable[[list], Sta
             meta["cpu"]["data"] = [0.0] * len(stages)
     if cv is not None:
         meta["cv"] = {kind: [round(cv[(s, kind)], 4) for s in range(len(stages))] for kind in KINDS}
+    if cpu_cv:
+        meta["cpu_cv"] = {kind: [round(cpu_cv[(s, kind)], 4) for s in range(len(stages))] for kind in KINDS
+                          if all((s, kind) in cpu_cv for s in range(len(stages)))}
     memory = {k: [m[k] for m in mem] for k in ("params", "optimizer", "activation")}
     return CostProfile(times["forward"], times["backward"], times["update"], act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
@@ -408,16 +420,12 @@ def join_profiles(parts: list[CostProfile], warn: Callable[[str], None] = lambda
     signal = col("signal") if all(pt.signal for pt in parts) else []
     if not signal:
         meta.pop("signal_rows", None)
-    cpu = [pt.meta.get("cpu") or {} for pt in parts]  # (measure_profile's cpu_time)
-    meta.pop("cpu", None)
-    kinds = [k for k in cpu[0] if all(k in c for c in cpu)]
-    if kinds:
-        meta["cpu"] = {k: [cpu[d][k][j] for d, j in at] for k in kinds}
-    cvs = [pt.meta.get("cv") or {} for pt in parts]  # (measure_profile's spread_cv)
-    meta.pop("cv", None)
-    kinds = [k for k in cvs[0] if all(k in c for c in cvs)]
-    if kinds:
-        meta["cv"] = {k: [cvs[d][k][j] for d, j in at] for k in kinds}
+    for key in ("cpu", "cv", "cpu_cv"):  # (measure_profile's cpu_time and spread_cv: per kind, per stage)
+        per = [pt.meta.get(key) or {} for pt in parts]
+        meta.pop(key, None)
+        kinds = [k for k in per[0] if all(k in c for c in per)]
+        if kinds:
+            meta[key] = {k: [per[d][k][j] for d, j in at] for k in kinds}
     return CostProfile(times["forward"], times["backward"], times["update"], parts[0].act_bytes, meta,
                        copy=times["copy"], predict=times["predict"], memory=memory,
                        input=times["input"], weight=times["weight"], accumulate=times["accumulate"],

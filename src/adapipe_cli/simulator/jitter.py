@@ -34,14 +34,20 @@ SAMPLES = 8
 
 def gamma_factors(cv: dict[str, list[float]], seed: int) -> Callable[[int, str], float]:
     """``(stage, kind) -> factor``: a gamma variate of mean 1 and coefficient of variation
-    ``cv[kind][stage]`` (1 where the kind or the stage has none, or a cv of 0), seeded."""
-    rng = random.Random(seed)
+    ``cv[kind][stage]`` (1 where the kind or the stage has none, or a cv of 0), seeded. Each
+    (stage, kind) draws from a stream of its own, so the n-th action of a kind at a stage gets the
+    same factor whatever order the simulator visits the stages in (and so in every round of
+    :func:`.shared.simulate_shared`'s fixed point)."""
+    streams: dict[tuple[int, str], random.Random] = {}
 
     def draw(stage: int, kind: str) -> float:
         c = cv.get(kind, [])
         c = c[stage] if stage < len(c) else 0.0
         if c <= 0:
             return 1.0
+        rng = streams.get((stage, kind))
+        if rng is None:
+            rng = streams[(stage, kind)] = random.Random(f"{seed}:{stage}:{kind}")
         shape = 1.0 / (c * c)
         return rng.gammavariate(shape, 1.0 / shape)
     return draw
@@ -91,10 +97,11 @@ def cv_from_table(table: dict, stages: int) -> dict[str, list[float]]:
 ACTION_KIND = {"forward": "F", "backward": "B", "input": "I", "weight": "W", "update": "U"}
 
 
-def cv_from_profile(profile: CostProfile) -> dict[str, list[float]] | None:
+def cv_from_profile(profile: CostProfile, key: str = "cv") -> dict[str, list[float]] | None:
     """Per action kind, per stage: the spread of the profile's calls (``meta["cv"]``, which
-    ``measure_profile(spread_cv=True)`` records); None for a profile without it."""
-    cv = profile.meta.get("cv")
+    ``measure_profile(spread_cv=True)`` records; ``key="cpu_cv"``: of their thread CPU seconds,
+    with ``cpu_time=True``); None for a profile without it."""
+    cv = profile.meta.get(key)
     if not cv:
         return None
     return {ACTION_KIND[k]: list(v) for k, v in cv.items() if k in ACTION_KIND}

@@ -27,6 +27,9 @@ the dist runtime on the machine a user has:
   ``(R p + b) / cores`` times their CPU seconds, and on one core a pipeline that always has a
   stage ready takes the sum of all its work.
 
+With ``cv`` (:func:`simulate_shared_jitter`), each action's CPU seconds are drawn around their
+mean as :mod:`.jitter` draws them, the same draws in every round of the fixed point.
+
 Not modelled: the driver's CPU (its round trips with the workers; about 1.7 ms a step on this
 project's 2-core machines, measured ad hoc), which a run's profile does not measure; the caches
 the stages share; and which stage the operating system runs when more are ready than cores.
@@ -35,10 +38,12 @@ the stages share; and which stage the operating system runs when more are ready 
 from __future__ import annotations
 
 import copy
+import statistics
 from dataclasses import dataclass
 
 from ..schedules import Plan, ScheduleSpec, lookahead
 from .clock import ALLREDUCE, EXTRA_WORK, AllReduceModel, CostProfile, LinkModel
+from .jitter import SAMPLES, gamma_factors
 from .simulate import SimResult, simulate, steady_bounds
 
 COSTS = ("forward", "backward", "update", "input", "weight", *EXTRA_WORK)  # the costs that are CPU work
@@ -108,13 +113,15 @@ def steady_window(n: int, spec: ScheduleSpec) -> tuple[int, int]:
 def simulate_shared(spec: ScheduleSpec, plan: Plan, profile: CostProfile, cores: float, *, replicas: int = 1,
                     message_cpu_s: float = 0.0, other_cpu_s: float = 0.0, link: LinkModel | None = None,
                     mitigations: tuple[str, ...] | list[str] = (), allreduce: AllReduceModel | None = None,
-                    signal: list[float] | None = None, window: tuple[int, int] | None = None) -> SharedResult:
+                    signal: list[float] | None = None, window: tuple[int, int] | None = None,
+                    cv: dict[str, list[float]] | None = None, seed: int = 0) -> SharedResult:
     """The steady step of ``plan`` under ``spec`` with its stages (``replicas`` copies of them)
     sharing ``cores`` cores (see the module docstring). ``profile``: each action's CPU seconds
     (:func:`cpu_profile`); ``message_cpu_s``: the transport's CPU per message end;
     ``other_cpu_s``: other CPU work per step on the same cores; ``signal``: per stage, the
     held-out signal's forward after each update (CPU seconds); ``window``: (lo, hi), the steps
-    whose updates bound the steady step (default :func:`steady_window`); ``link``,
+    whose updates bound the steady step (default :func:`steady_window`); ``cv``, ``seed``: each
+    action's CPU seconds drawn around the profile's (:func:`.jitter.gamma_factors`); ``link``,
     ``mitigations``, ``allreduce``: :func:`.simulate.simulate`'s."""
     if cores <= 0:
         raise ValueError(f"cores must be positive, got {cores}")
@@ -128,7 +135,8 @@ def simulate_shared(spec: ScheduleSpec, plan: Plan, profile: CostProfile, cores:
     def run(factors: list[float]) -> tuple[SimResult, float, list[list[tuple[float, float]]]]:
         sig = [c * factors[spec.device_of(s)] for s, c in enumerate(signal)] if signal else None
         sim = simulate(spec, plan, scaled(profile, factors, spec.device_of), link, record=True,
-                       mitigations=mitigations, allreduce=allreduce, signal=sig)
+                       mitigations=mitigations, allreduce=allreduce, signal=sig,
+                       jitter=gamma_factors(cv, seed) if cv else None)
         t0, t1 = sim.update_end[lo], sim.update_end[hi]
         intervals: list[list[tuple[float, float]]] = [[] for _ in range(devices)]
         for dev, kind, _, _, start, end in sim.timeline:
@@ -147,3 +155,15 @@ def simulate_shared(spec: ScheduleSpec, plan: Plan, profile: CostProfile, cores:
             break
     sim, step, _ = run(factors)
     return SharedResult(step, factors, background, rounds, sim)
+
+
+def simulate_shared_jitter(spec: ScheduleSpec, plan: Plan, profile: CostProfile, cores: float,
+                           cv: dict[str, list[float]], samples: int = SAMPLES, seed: int = 0,
+                           **kw) -> tuple[float, list[float]]:
+    """(mean over ``samples`` runs, each run's) steady step of :func:`simulate_shared` with each
+    action's CPU seconds drawn around the profile's with coefficients of variation ``cv`` (seeds
+    ``seed``, ``seed + 1``, ...); ``kw``: :func:`simulate_shared`'s."""
+    if samples < 1:
+        raise ValueError(f"samples must be at least 1 (got {samples})")
+    steps = [simulate_shared(spec, plan, profile, cores, cv=cv, seed=seed + i, **kw).step_time for i in range(samples)]
+    return statistics.fmean(steps), steps

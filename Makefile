@@ -23,10 +23,14 @@ $(VENV)/.installed: pyproject.toml
 train: install
 	$(VENV)/bin/adapipe train $(ARGS)
 
+# the package's bytecode is compiled first: where PYTHONDONTWRITEBYTECODE is set (as on this
+# project's machines), every adapipe process a test starts would compile it again (about 1 s each)
 test: install
+	$(PY) -m compileall -q src
 	$(OFFLINE) $(PY) -m pytest
 
 test-all: install
+	$(PY) -m compileall -q src
 	$(OFFLINE) $(PY) -m pytest -m "slow or not slow"
 
 bench: install

@@ -51,8 +51,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")

@@ -38,7 +38,7 @@ def test_an_async_stream_computing_all_the_time_takes_stages_over_cores_its_cpu_
     """In the steady state every stage of an async stream computes all the time: each runs at
     cores / p of a core, so the step is p / cores of the one on a device each."""
     prof = CostProfile.uniform(p, F, B, 0.25)
-    plan = Plan(40, [ASYNC] * 40)
+    plan = Plan(20, [ASYNC] * 20)
     own = simulate(spec(p, m), plan, prof, record=False).step_time
     r = simulate_shared(spec(p, m), plan, prof, cores)
     assert own == pytest.approx(m * (F + B) + 0.25)
@@ -60,7 +60,7 @@ def test_on_one_core_a_synchronous_step_is_all_its_work(p, m):
     """On one core a 1F1B pipeline always has a stage ready, so the core never idles: the step
     is every stage's work, p (m (F + B) + U) (on a device each it is (m + p - 1)(F + B) + U)."""
     u = 0.1
-    r = simulate_shared(spec(p, m), Plan(30, [SYNC] * 30), CostProfile.uniform(p, F, B, u), cores=1)
+    r = simulate_shared(spec(p, m), Plan(16, [SYNC] * 16), CostProfile.uniform(p, F, B, u), cores=1)
     assert r.step_time == pytest.approx(p * (m * (F + B) + u), rel=1e-5)
 
 
@@ -78,7 +78,7 @@ def test_the_background_takes_its_share_of_the_cores():
     step, f = (4 + 0.4 / f) / 2, so f^2 - 2 f - 0.2 = 0; the same from the transport's CPU per
     message end: 4 m (p - 1) = 48 ends a step of 0.1 s each."""
     prof = CostProfile.uniform(4, F, B, 0.0)
-    plan = Plan(40, [ASYNC] * 40)
+    plan = Plan(20, [ASYNC] * 20)
     f = 1 + math.sqrt(1.2)
     other = simulate_shared(spec(4, 4), plan, prof, cores=2, other_cpu_s=4.8)
     messages = simulate_shared(spec(4, 4), plan, prof, cores=2, message_cpu_s=0.1)
@@ -90,7 +90,7 @@ def test_the_background_takes_its_share_of_the_cores():
 def test_replicas_compute_beside_their_pipeline():
     """Two replicas of a 2-stage async stream on 2 cores: 4 stages always computing, 2x the step."""
     prof = CostProfile.uniform(2, F, B, 0.0)
-    r = simulate_shared(spec(2, 4), Plan(40, [ASYNC] * 40), prof, cores=2, replicas=2)
+    r = simulate_shared(spec(2, 4), Plan(20, [ASYNC] * 20), prof, cores=2, replicas=2)
     assert r.step_time == pytest.approx(2 * 4 * (F + B), rel=1e-5)
 
 
@@ -128,28 +128,33 @@ def test_varying_actions_with_a_core_per_stage_are_the_jitter_simulator():
     from adapipe_cli.simulator.jitter import simulate_jitter
     from adapipe_cli.simulator.shared import simulate_shared_jitter
 
-    prof, sp, plan = CostProfile([1.0, 0.8], [2.0, 1.5], [0.3, 0.2]), spec(2, 2), Plan(60, [ASYNC] * 60)
+    prof, sp, plan = CostProfile([1.0, 0.8], [2.0, 1.5], [0.3, 0.2]), spec(2, 2), Plan(40, [ASYNC] * 40)
     cv = {k: [0.3, 0.2] for k in "FBU"}
-    shared, each = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=3, seed=5, window=(10, 50))
-    alone, alone_each = simulate_jitter(sp, plan, prof, cv, samples=3, seed=5, window=(10, 50))
+    shared, each = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=3, seed=5, window=(5, 35))
+    alone, alone_each = simulate_jitter(sp, plan, prof, cv, samples=3, seed=5, window=(5, 35))
     assert each == pytest.approx(alone_each, rel=1e-9) and shared == pytest.approx(alone, rel=1e-9)
     assert len(set(each)) == 3  # (each sample its own draws)
     # no spread: the shared simulator of means, every sample
-    plain = simulate_shared(sp, plan, prof, cores=1, window=(10, 50)).step_time
-    assert simulate_shared_jitter(sp, plan, prof, cores=1, cv={"F": [0.0, 0.0]}, samples=2, window=(10, 50))[1] == [plain, plain]
+    plain = simulate_shared(sp, plan, prof, cores=1, window=(5, 35)).step_time
+    assert simulate_shared_jitter(sp, plan, prof, cores=1, cv={"F": [0.0, 0.0]}, samples=2, window=(5, 35))[1] == [plain, plain]
     with pytest.raises(ValueError, match="samples"):
         simulate_shared_jitter(sp, plan, prof, cores=1, cv=cv, samples=0)
 
 
 def test_on_one_core_varying_actions_leave_an_async_step_at_all_its_work():
     """On one core a 2-stage PipeDream stream always has a stage ready, so the core never idles:
-    the step stays the sum of all its work whatever each action takes around its mean, while with a
-    core per stage the stages wait on each other's slow actions and the step grows."""
+    the step stays the sum of all its work whatever each action takes around its mean (exactly:
+    the drawn CPU seconds in the window fill it), while with a core per stage the stages wait on
+    each other's slow actions and the step grows."""
     from adapipe_cli.simulator.shared import simulate_shared_jitter
 
-    prof, sp, plan = CostProfile([1.0, 1.0], [2.0, 2.0], [0.3, 0.3]), spec(2, 1), Plan(800, [ASYNC] * 800)
-    cv = {k: [0.3, 0.3] for k in "FBU"}
-    one_core, _ = simulate_shared_jitter(sp, plan, prof, cores=1, cv=cv, samples=3, window=(20, 780))
-    assert one_core == pytest.approx(2 * 3.3, rel=0.02)
-    two_cores, _ = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=3, window=(20, 780))
+    prof, sp, plan = CostProfile([1.0, 1.0], [2.0, 2.0], [0.3, 0.3]), spec(2, 1), Plan(100, [ASYNC] * 100)
+    cv, window = {k: [0.3, 0.3] for k in "FBU"}, (10, 90)
+    r = simulate_shared(sp, plan, prof, cores=1, cv=cv, window=window)
+    t0, t1 = r.sim.update_end[10], r.sim.update_end[90]
+    cpu = sum((min(end, t1) - max(start, t0)) / r.factors[dev]
+              for dev, _, _, _, start, end in r.sim.timeline if end > t0 and start < t1)
+    assert cpu == pytest.approx(t1 - t0, rel=1e-5)  # (the one core never idles)
+    assert r.step_time == pytest.approx(2 * 3.3, rel=0.03)  # (80 steps of draws around the mean)
+    two_cores, _ = simulate_shared_jitter(sp, plan, prof, cores=2, cv=cv, samples=1, window=window)
     assert two_cores > 1.05 * 3.3

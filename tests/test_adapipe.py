@@ -56,20 +56,59 @@ TINY_ADAPIPE = ["schedule=adapipe", "pipeline.stages=4", "pipeline.microbatches=
                 "heuristic.signal=heldout", "heuristic.signal_tokens=16"]
 
 
-# rate asks its difference to be beyond 2 standard errors, which a probe of 10 steps here just misses
-# (async 0.46/s against sync 0.13/s, se 0.17): it probes for 12
-@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
-@pytest.mark.parametrize("heuristic, extra", [pytest.param("rate", ["heuristic.probe_steps=12"], marks=pytest.mark.slow),
-                                              ("goodput", []), ("gain", [])])
-def test_heuristics_switch_and_reach_the_target(heuristic, extra, make_cfg, tmp_path):
-    """On 4 stages with one microbatch async has 4x sync's throughput on the pipeline clock and
-    loses little per step on this data: every heuristic must adopt async, and reach the target."""
+def tiny_adapipe_run(heuristic, extra, run, compose):
+    """A TINY_ADAPIPE run of ``heuristic`` in ``run`` on a fixed clock (the decisions must not depend on
+    this machine's load), its config where ``adapipe train`` (Hydra) writes it; its summary."""
+    from omegaconf import OmegaConf
+
     from adapipe_cli.simulator.clock import CostProfile
 
-    profile = tmp_path / "uniform.json"  # a fixed clock: the decisions must not depend on this machine's load
+    run.mkdir(parents=True)
+    profile = run.parent / f"{run.name}-uniform.json"
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
-    s = train(make_cfg(*TINY_ADAPIPE, f"heuristic={heuristic}", f"pipeline.profile={profile}", *extra), tmp_path / "run")
-    tmp_path = tmp_path / "run"
+    cfg = compose(*TINY_ADAPIPE, f"heuristic={heuristic}", f"pipeline.profile={profile}", *extra)
+    summary = train(cfg, run)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    return summary
+
+
+def gain_run(tmp_path_factory):
+    """The gain case's run (its plots drawn and written), trained once per session: the test below and
+    tests/test_replay_heuristic.py (its replays) read the same run, 4-7 s of training on 2 busy cores.
+    It lives in the session's temporary folder (its two modules are two module objects here: the
+    folder, not a variable, is what they share); a run left unfinished is trained again."""
+    import shutil
+
+    from adapipe_cli.cli.compose import compose_config
+    from conftest import TINY
+
+    base = tmp_path_factory.getbasetemp()
+    run, done = base / "adapipe-gain-run", base / "adapipe-gain-run.summary.json"
+    if not done.is_file():
+        shutil.rmtree(run, ignore_errors=True)
+        with pytest.MonkeyPatch.context() as m:  # the cache folder the tests' runs use (tests/conftest.py)
+            m.setenv("ADAPIPE_CACHE", str(base / "adapipe-cache"))
+            summary = tiny_adapipe_run("gain", [], run, lambda *o: compose_config([*TINY, *o]))
+        done.write_text(json.dumps(summary))
+    return run, json.loads(done.read_text())
+
+
+# rate asks its difference to be beyond 2 standard errors, which a probe of 10 steps here just misses
+# (async 0.46/s against sync 0.13/s, se 0.17): it probes for 12. gain is fast, rate and goodput slow
+# (make test-all): the loop drives every heuristic through the same calls, and rate's and goodput's
+# own decisions stay fast on synthetic streams in tests/test_heuristics.py
+@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
+@pytest.mark.parametrize("heuristic, extra", [pytest.param("rate", ["heuristic.probe_steps=12"], marks=pytest.mark.slow),
+                                              pytest.param("goodput", [], marks=pytest.mark.slow), ("gain", [])])
+def test_heuristics_switch_and_reach_the_target(heuristic, extra, make_cfg, tmp_path, tmp_path_factory):
+    """On 4 stages with one microbatch async has 4x sync's throughput on the pipeline clock and
+    loses little per step on this data: every heuristic must adopt async, and reach the target."""
+    if heuristic == "gain":  # (the run tests/test_replay_heuristic.py replays)
+        tmp_path, s = gain_run(tmp_path_factory)
+    else:
+        s = tiny_adapipe_run(heuristic, extra, tmp_path / "run", make_cfg)
+        tmp_path = tmp_path / "run"
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     switches = [r for r in recs if r.get("event") == "switch"]
     adopted = [r for r in switches if r["to"] == ASYNC and "probe" not in r["reason"]]
@@ -88,8 +127,12 @@ def test_heuristics_switch_and_reach_the_target(heuristic, extra, make_cfg, tmp_
 
 
 def test_fixed_plan_through_train(make_cfg, tmp_path):
+    from adapipe_cli.simulator.clock import CostProfile
+
+    profile = tmp_path / "uniform.json"  # (the plan's phases do not depend on the clock: none is measured)
+    CostProfile.uniform(2).save(profile)
     s = train(make_cfg("schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,5],[async,null]]",
-                       "pipeline.stages=2", "pipeline.microbatches=2"), tmp_path)
+                       "pipeline.stages=2", "pipeline.microbatches=2", f"pipeline.profile={profile}"), tmp_path / "run")
     assert s["phases"]["sync"]["steps"] == 5 and s["phases"]["async"]["steps"] == 7 and s["switches"] == 1
 
 
@@ -105,11 +148,11 @@ def test_the_held_out_signal_is_charged_at_the_profiles_rows_or_scaled_with_a_wa
     prof.signal, prof.meta = [0.005, 0.007], {"signal_rows": 4}
     path = tmp_path / "p.json"
     prof.save(path)
-    runs = {}
-    for name, extra in (("same", ["heuristic.signal=heldout", "heuristic.signal_tokens=64"]),
-                        ("double", ["heuristic.signal=heldout", "heuristic.signal_tokens=128"]),
-                        ("train", ["heuristic.signal=train"])):
-        cfg = make_cfg(*base, f"pipeline.profile={path}", *extra)
+    runs, composed = {}, make_cfg(*base, f"pipeline.profile={path}")  # (composed once: 0.3-1 s a compose)
+    for name, signal in (("same", {"signal": "heldout", "signal_tokens": 64}),
+                         ("double", {"signal": "heldout", "signal_tokens": 128}), ("train", {"signal": "train"})):
+        cfg = copy.deepcopy(composed)
+        cfg.heuristic.update(signal)
         rows = cfg.heuristic.signal_tokens // cfg.model.block_size
         capsys.readouterr()
         runs[name] = (train(cfg, tmp_path / name)["time_s"], rows, capsys.readouterr().err)

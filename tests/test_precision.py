@@ -33,6 +33,22 @@ def run(run_dir, *overrides):
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
 
 
+# (evaluated at the start and the end only: the tests below compare the training steps)
+FP32 = [*PIPE, "schedule=1f1b", "train.max_steps=20", "train.eval_every=20", "train.save_final=true"]
+_fp32_run = {}
+
+
+def fp32_run(tmp_path_factory):
+    """The fp32 run (FP32) that bf16's is compared with, trained once for this module's tests (inside
+    the first test that asks, as any run here: the tests' cache folder, plots not drawn): its folder,
+    its final checkpoint kept, and its step records, read before any test resumes it."""
+    if not _fp32_run:
+        d = tmp_path_factory.mktemp("precision") / "fp32"
+        assert run(d, *FP32, "train.precision=fp32") == 0
+        _fp32_run.update(dir=d, steps=records(d))
+    return _fp32_run["dir"], _fp32_run["steps"]
+
+
 def reference_bf16(data, m, steps, clip=1.0):
     """Single-process gradient accumulation with the forward under bf16 autocast, fp32 weights."""
     model = build_full_model(GCFG, seed=0)
@@ -63,12 +79,10 @@ def test_bf16_pipeline_equals_single_process_bf16_autocast():
     assert got != fp32  # bf16 did compute in bf16
 
 
-def test_bf16_losses_stay_within_tolerance_of_fp32_over_20_steps(tmp_path):
-    losses = {}
-    for prec in ("fp32", "bf16"):
-        assert run(tmp_path / prec, *PIPE, "schedule=1f1b", "train.max_steps=20", f"train.precision={prec}") == 0
-        losses[prec] = [r["loss"] for r in records(tmp_path / prec)]
-    f, b = losses["fp32"], losses["bf16"]
+def test_bf16_losses_stay_within_tolerance_of_fp32_over_20_steps(tmp_path, tmp_path_factory):
+    assert run(tmp_path / "bf16", *FP32, "train.precision=bf16") == 0
+    f = [r["loss"] for r in fp32_run(tmp_path_factory)[1]]
+    b = [r["loss"] for r in records(tmp_path / "bf16")]
     summary = json.loads((tmp_path / "bf16" / "summary.json").read_text())
     assert (summary["precision"], summary["device"]) == ("bf16", "cpu")
     assert len(f) == len(b) == 20
@@ -113,9 +127,8 @@ def test_bf16_checkpoint_resumes_exactly(tmp_path):
     assert records(cut, "step") == records(whole, "step") and records(cut, "eval") == records(whole, "eval")
 
 
-def test_a_resume_in_another_precision_is_refused(tmp_path, capsys):
-    d = tmp_path / "r"
-    assert run(d, *PIPE, "train.max_steps=2", "train.save_final=true") == 0
+def test_a_resume_in_another_precision_is_refused(tmp_path_factory, capsys):
+    d, _ = fp32_run(tmp_path_factory)  # (its final checkpoint)
     capsys.readouterr()
     assert main(["train", f"train.resume={d}", "train.precision=bf16"]) == 2
     assert "train.precision" in capsys.readouterr().err
@@ -136,11 +149,11 @@ def test_device_errors_are_one_line_and_exit_2(tmp_path, capsys, device, says):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="auto is cuda on this machine")
-def test_auto_without_cuda_is_the_cpu_run(tmp_path):
-    assert run(tmp_path / "cpu", "train.max_steps=3") == 0
-    prof = str(tmp_path / "cpu" / "profile.json")  # the same clock, so time_s compares too
-    assert run(tmp_path / "auto", "train.max_steps=3", "pipeline.device=auto", f"pipeline.profile={prof}") == 0
-    assert records(tmp_path / "auto") == records(tmp_path / "cpu")
+def test_auto_without_cuda_is_the_cpu_run(tmp_path, tmp_path_factory):
+    cpu, steps = fp32_run(tmp_path_factory)  # (pipeline.device=cpu)
+    prof = str(cpu / "profile.json")  # the same clock, so time_s compares too
+    assert run(tmp_path / "auto", *FP32, "pipeline.device=auto", f"pipeline.profile={prof}") == 0
+    assert records(tmp_path / "auto") == steps
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

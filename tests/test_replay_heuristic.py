@@ -9,10 +9,9 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.train.loop import train
 from tests._scripts import load_script
-from tests.test_adapipe import TINY_ADAPIPE
+from tests.test_adapipe import gain_run as shared_gain_run
 
 replay_heuristic = load_script("replay_heuristic")
 
@@ -28,16 +27,9 @@ def hydra_run(make_cfg, run, *overrides):
 
 @pytest.fixture(scope="module")
 def gain_run(tmp_path_factory):
-    from adapipe_cli.cli.compose import compose_config
-    from tests.conftest import TINY
-
-    tmp = tmp_path_factory.mktemp("replay")
-    profile = tmp / "uniform.json"  # a fixed clock: the run does not depend on this machine's load
-    CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
-    run = tmp / "run"
-    summary = hydra_run(lambda *o: compose_config([*TINY, *o]), run, *TINY_ADAPIPE, "heuristic=gain",
-                        f"pipeline.profile={profile}")
-    return run, summary
+    """A gain run of TINY_ADAPIPE on a fixed clock (the run does not depend on this machine's load), as
+    ``adapipe train`` writes it: tests/test_adapipe.py's end-to-end gain run, trained once per session."""
+    return shared_gain_run(tmp_path_factory)
 
 
 def test_a_replay_makes_every_decision_of_the_run(gain_run):
@@ -60,11 +52,16 @@ def test_a_changed_setting_diverges_where_its_first_decision_differs(gain_run):
 
 
 def test_what_cannot_be_replayed_is_said(make_cfg, tmp_path, gain_run, capsys):
+    def short(*overrides):  # two steps: what is refused does not depend on the run's length
+        cfg = make_cfg(*overrides)
+        cfg.train.max_steps = 2
+        return cfg
+
     fixed = tmp_path / "fixed"
-    hydra_run(make_cfg, fixed, "schedule=1f1b")
+    hydra_run(short, fixed, "schedule=1f1b")
     assert replay_heuristic.replay(fixed)["skipped"] == "a fixed schedule (no heuristic)"
     bare = tmp_path / "bare"
-    train(make_cfg("schedule=adapipe"), bare)  # not written by Hydra: no config beside it
+    train(short("schedule=adapipe"), bare)  # not written by Hydra: no config beside it
     assert "no .hydra/config.yaml" in replay_heuristic.replay(bare)["skipped"]
     with pytest.raises(SystemExit, match="only the heuristic's own settings"):
         replay_heuristic.replay(gain_run[0], ["heuristic.signal=train"])

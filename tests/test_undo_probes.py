@@ -54,8 +54,10 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     trace of the probe but the undo event, and the summary counts it."""
     profile = tmp_path / "uniform.json"  # a fixed clock
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
-    # (the training loss as the signal: the held-out one's forward is on the clock, which ZB-H1's is not)
-    common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=30", "train.eval_every=5",
+    # (the training loss as the signal: the held-out one's forward is on the clock, which ZB-H1's is not;
+    # 20 steps: the probe's undo is decided after step 14, evaluations at 5 before the state it goes
+    # back to and at 10, 15 and 20 after it)
+    common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=20", "train.eval_every=5",
               "pipeline.clock=profiled", f"pipeline.profile={profile}", "heuristic.signal=train"]
     if runtime == "dist":
         common += ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
@@ -66,7 +68,9 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
         return made[-1]
 
     monkeypatch.setattr(build, "make_heuristic", scripted)
-    s = train(make_cfg(*common, "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true"), tmp_path / "undo")
+    cfg = make_cfg(*common, "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true")
+    lag = build.decision_lag(cfg)
+    s = train(cfg, tmp_path / "undo")
     monkeypatch.undo()
     ref = train(make_cfg(*common, "schedule=zbh1"), tmp_path / "zbh1")
     h = made[0]
@@ -76,9 +80,9 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     (ev,) = [r for r in recs if r.get("event") == "undo"]
     restored = ev["restored_step"]
     assert ev["reason"] == "lost" and ev["E"] == 0.1  # the verdict, with its estimates
-    assert ev["step"] == START and restored == START - build.decision_lag(make_cfg(*common, "schedule=adapipe")) + 1
+    assert ev["step"] == START and restored == START - lag + 1
     assert h.rewound == [restored - 1] and h.asked.count(START) == 2  # the probe's first step decided again
-    assert [r["step"] for r in steps] == list(range(30)) and all(r["phase"] == SYNC for r in steps)
+    assert [r["step"] for r in steps] == list(range(20)) and all(r["phase"] == SYNC for r in steps)
     assert [r["loss"] for r in steps] == [r["loss"] for r in zsteps]
     evals = [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
     assert evals == [(r["step"], r["val_loss"]) for r in zrecs if r["kind"] == "eval"]
@@ -88,13 +92,13 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     for r, z in zip(steps, zsteps):
         assert r["time_s"] == pytest.approx(z["time_s"] + (lost if r["step"] >= restored else 0.0), rel=1e-9)
     assert s["undone_probes"] == 1 and s["undone_time_s"] == pytest.approx(lost)
-    assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 30
+    assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 20
     # the undone stretch's time counts in the phases it was spent in: the probe's async steps in
     # async (none of them kept), the sync steps around them in sync
     by = ev["lost_by_phase"]
     assert sum(by.values()) == pytest.approx(lost) and by["async"] > LEG * 0.01 and by["sync"] > 0
     assert s["phases"]["async"] == {"steps": 0, "time_s": pytest.approx(by["async"])}
-    assert s["phases"]["sync"] == {"steps": 30, "time_s": pytest.approx(ref["time_s"] + by["sync"])}
+    assert s["phases"]["sync"] == {"steps": 20, "time_s": pytest.approx(ref["time_s"] + by["sync"])}
     assert s["async_fraction"] == pytest.approx(by["async"] / s["time_s"])
 
 
@@ -110,13 +114,13 @@ def test_an_undo_without_a_kept_state_keeps_the_probe(make_cfg, tmp_path, monkey
     profile = tmp_path / "uniform.json"
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
     monkeypatch.setattr(build, "make_heuristic", lambda cfg, choice, ctx: Untentative(ctx))
-    s = train(make_cfg("pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=24", f"pipeline.profile={profile}",
+    s = train(make_cfg("pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=20", f"pipeline.profile={profile}",
                        "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true"), tmp_path / "run")
     recs = records(tmp_path / "run")
     (ev,) = [r for r in recs if r.get("event") == "undo_missed"]
     assert ev["probe_start"] == START and s["undone_probes"] == 0
     phases = [r["phase"] for r in recs if r["kind"] == "step"]
-    assert phases[START:START + LEG] == [ASYNC] * LEG and len(phases) == 24
+    assert phases[START:START + LEG] == [ASYNC] * LEG and len(phases) == 20  # (the undo comes with step 18's phase)
 
 
 class Resumable(Scripted):
@@ -142,7 +146,9 @@ def test_a_checkpoint_due_in_a_tentative_probe_waits_and_the_run_resumes_exactly
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
     monkeypatch.setattr(build, "make_heuristic", lambda cfg, choice, ctx: Resumable(ctx))
     whole = tmp_path / "whole"
-    args = [*TINY, "pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=24", "train.checkpoint_every=6",
+    # (19 steps: the undo is decided with step 18's phase; a checkpoint due before the probe, one inside
+    # it and one after its undo)
+    args = [*TINY, "pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=19", "train.checkpoint_every=6",
             "train.keep_checkpoints=10", f"pipeline.profile={profile}", "schedule=adapipe", "heuristic=gain",
             "heuristic.undo_probes=true"]
     assert main(["train", *args, f"hydra.run.dir={whole}"]) == 0
@@ -151,7 +157,7 @@ def test_a_checkpoint_due_in_a_tentative_probe_waits_and_the_run_resumes_exactly
     # step 6's checkpoint fell due when the probe was decided and was written by the undo, step
     # 12's fell inside the probe and was written in the replay
     assert ev["restored_step"] == 6 and START < 12 < VERDICT
-    assert [f.name for f in checkpoint.complete(whole)] == [f"step-{s:07d}" for s in (6, 12, 18, 24)]
+    assert [f.name for f in checkpoint.complete(whole)] == [f"step-{s:07d}" for s in (6, 12, 18)]
     strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
     for stop in (6, 12):
         cut = cut_at(whole, tmp_path / f"cut{stop}", stop)

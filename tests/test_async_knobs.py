@@ -18,9 +18,21 @@ from adapipe_cli.optim import StageOptimizer, is_hidden_matrix
 from conftest import TINY
 from helpers import GCFG, optim_cfg, sched_cfg
 
+
+@pytest.fixture(scope="module")
+def uniform_profile(tmp_path_factory):
+    """A cost profile of two stages given to the runs (pipeline.profile), so that none measures its
+    own at start-up (up to a third of a short run; runs that measure theirs: test_train, test_profile)."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    path = tmp_path_factory.mktemp("profile") / "uniform2.json"
+    CostProfile.uniform(2).save(path)
+    return path
+
+
 SCHEDULES = [["schedule=1f1b"], ["schedule=gpipe"], ["schedule=pipedream"], ["schedule=2bw"],
              ["schedule=pipedream", "schedule.weights=vertical"],
-             ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,10],[async,null]]"]]
+             ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,5],[async,null]]"]]
 
 
 def _sid(schedule: list[str]) -> str:
@@ -40,9 +52,13 @@ FAST_PAIRS = {"1f1b": "muon", "pipedream": "nadamw", "2bw": "muon", "pipedream-v
 @pytest.mark.parametrize("schedule,optim", [
     pytest.param(s, o, id=f"{_sid(s)}-{o}", marks=() if FAST_PAIRS.get(_sid(s)) == o else pytest.mark.slow)
     for s in SCHEDULES for o in ("adamw", "nadamw", "muon")])
-def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg, tmp_path):
-    s = train(make_cfg(f"optim={optim}", *schedule, "pipeline.stages=2", "pipeline.microbatches=2",
-                       "train.max_steps=24", "train.eval_every=24", "optim.lr=3e-3"), tmp_path)
+def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg, tmp_path, uniform_profile):
+    # one block per stage, 12 steps at lr 1e-2: each pair ends at 0.30-0.47 of the initial
+    # perplexity (four blocks, 24 steps at 3e-3: 0.42-0.52) at a third of the cost; a given profile
+    # (the run's start-up measurement is not what is tested)
+    s = train(make_cfg(f"optim={optim}", *schedule, "pipeline.stages=2", "pipeline.microbatches=2", "model.n_layer=2",
+                       "train.max_steps=12", "train.eval_every=12", "optim.lr=1e-2",
+                       f"pipeline.profile={uniform_profile}"), tmp_path)
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r["val_ppl"] for r in recs if r["kind"] == "eval"]
     assert evals[-1] < 0.6 * evals[0], (optim, schedule, evals)
@@ -53,8 +69,10 @@ def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg
 def test_gpipe_trains_the_numbers_of_1f1b_with_every_optimizer(optim):
     from helpers import local_runtime, make_data, run_losses
 
-    data = make_data(4)
-    losses = {sync: run_losses(local_runtime(2, 2, [SYNC] * 4, data, sync=sync, ocfg=optim_cfg(name=optim, lr=3e-3)), 4)
+    from dataclasses import replace
+
+    data, gcfg = make_data(4), replace(GCFG, n_layer=2)  # (one block per stage)
+    losses = {sync: run_losses(local_runtime(2, 2, [SYNC] * 4, data, sync=sync, ocfg=optim_cfg(name=optim, lr=3e-3), gcfg=gcfg), 4)
               for sync in ("1f1b", "gpipe")}
     assert losses["gpipe"] == losses["1f1b"] and len(set(losses["gpipe"])) == 4
 
@@ -128,61 +146,70 @@ def inject(monkeypatch, at: int, kind: str):
     monkeypatch.setattr(LocalRuntime, "run_step", run_step)
 
 
-GUARDED = [*TINY, "schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=30",
-           "heuristic.guard_every=5", "heuristic.guard_cooldown=6"]
+# 18 steps: snapshots after steps 0 and 5, a step 9 that trips the guard (restored from the
+# snapshot after step 5: the steps up to 5 + 3 were decided before it, lag 3), six sync steps of
+# cooldown (9-14), async steps after them; one block per stage
+GUARD = ["schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "model.n_layer=2", "train.max_steps=18",
+         "heuristic.guard_every=5", "heuristic.guard_cooldown=6"]
+GUARDED = [*TINY, *GUARD]
 
 
 @pytest.mark.parametrize("kind", ["nan", "spike"])
-def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeypatch, tmp_path):
-    inject(monkeypatch, 17, kind)
-    assert main(["train", *GUARDED, f"hydra.run.dir={tmp_path}"]) == 0
+def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeypatch, tmp_path, uniform_profile, make_cfg):
+    inject(monkeypatch, 9, kind)
+    # (train, not the CLI: a run directory of its own per call makes Hydra compose afresh, 1-2 s;
+    # the CLI's exit codes are the two tests below)
+    train(make_cfg(*GUARD, f"pipeline.profile={uniform_profile}"), tmp_path)
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     (ev,) = [r for r in recs if r.get("event") == "guard"]
-    assert ev["step"] == 17 and ev["restored_step"] in (11, 16) and ev["lost_time_s"] > 0
+    assert ev["step"] == 9 and ev["restored_step"] in (1, 6) and ev["lost_time_s"] > 0
     assert ("non-finite" in ev["reason"]) == (kind == "nan")
     steps = {r["step"]: r for r in recs if r["kind"] == "step"}
-    assert sorted(steps) == list(range(30))  # the trajectory that survived, each step once
+    assert sorted(steps) == list(range(18))  # the trajectory that survived, each step once
     cooldown = [t for t in steps if steps[t]["phase"] == SYNC]
     assert cooldown == list(range(ev["sync_until_step"] - 6, ev["sync_until_step"]))
-    assert cooldown[0] >= ev["restored_step"]
-    times = [steps[t]["time_s"] for t in range(30)]
+    assert cooldown[0] >= ev["restored_step"] and cooldown[-1] < 17  # (async again after it)
+    times = [steps[t]["time_s"] for t in range(18)]
     assert all(b > a for a, b in zip(times, times[1:]))
     r = ev["restored_step"]  # the discarded steps' time stays on the clock
     assert times[r] > times[r - 1] + ev["lost_time_s"] * 0.99
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["guard_events"] == 1 and summary["steps"] == 30
+    assert summary["guard_events"] == 1 and summary["steps"] == 18
     # the discarded steps (pipedream's, and the tripped one) were all async: their time counts there
     assert ev["lost_by_phase"]["sync"] == 0 and ev["lost_by_phase"]["async"] == pytest.approx(ev["lost_time_s"])
     assert summary["phases"][SYNC]["time_s"] + summary["phases"]["async"]["time_s"] == pytest.approx(summary["time_s"])
 
 
-def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys):
-    inject(monkeypatch, 12, "nan")
-    assert main(["train", *GUARDED, "heuristic.guard=false", f"hydra.run.dir={tmp_path}"]) == 1
+def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys, uniform_profile):
+    inject(monkeypatch, 6, "nan")
+    assert main(["train", *GUARDED, "heuristic.guard=false", f"pipeline.profile={uniform_profile}",
+                 f"hydra.run.dir={tmp_path}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert "training diverged at step 12" in err[-1]
+    assert "training diverged at step 6" in err[-1]
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, capsys):
+def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, uniform_profile, make_cfg):
     """Weights that went NaN while the loss still looked fine are refused at the next checkpoint;
     the checkpoints already written stay finite and loadable."""
+    from adapipe_cli.runtime.errors import TrainingDiverged
+
     real = LocalRuntime.run_step
 
     def run_step(self, t):
         res = real(self, t)
-        if t == 14:  # the last step before the checkpoint at 15
+        if t == 8:  # the last step before the checkpoint at 9
             with torch.no_grad():
                 self.executors[0].params[0].fill_(float("nan"))
         return res
 
     monkeypatch.setattr(LocalRuntime, "run_step", run_step)
-    code = main(["train", *GUARDED, "heuristic.guard=false", "train.checkpoint_every=5", "train.keep_checkpoints=10",
-                 f"hydra.run.dir={tmp_path}"])
-    assert code == 1
-    assert "non-finite weights" in capsys.readouterr().err
+    # (train, not the CLI: the CLI's exit code and message for a diverged run are the test above's)
+    with pytest.raises(TrainingDiverged, match="non-finite weights"):
+        train(make_cfg(*GUARD, "heuristic.guard=false", "train.checkpoint_every=3", "train.keep_checkpoints=10",
+                       f"pipeline.profile={uniform_profile}"), tmp_path)
     folders = checkpoint.complete(tmp_path)
-    assert [f.name for f in folders] == ["step-0000005", "step-0000010"]
+    assert [f.name for f in folders] == ["step-0000003", "step-0000006"]
     for f in folders:
         state = checkpoint.read_part(f, checkpoint.verify(f), "pipeline")
         assert all(torch.isfinite(p).all() for st in state["stages"] for p in st["params"])

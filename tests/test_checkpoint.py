@@ -28,6 +28,17 @@ def run(run_dir, *overrides):
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
 
 
+def fixed_clock(folder, stages: int) -> str:
+    """``pipeline.profile=`` a uniform cost profile saved in ``folder``, for a run whose test does
+    not check a measured one: the run measures none (a second of a tiny run on 2 busy cores). The
+    shared finished run and the resumed MIXED runs measure theirs (a resume reuses it)."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    path = folder / f"uniform-{stages}.json"
+    CostProfile.uniform(stages).save(path)
+    return f"pipeline.profile={path}"
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
     """A finished 4-step run on 2 stages with checkpoints at steps 2 and 4, shared by the tests
@@ -40,10 +51,11 @@ def finished_run(tmp_path_factory):
     return d
 
 
+# cuts in the first async stretch (5), where it drains into sync (10), in the last async stream (15)
 @pytest.mark.parametrize("stop", [pytest.param(5, marks=pytest.mark.slow), 10, pytest.param(15, marks=pytest.mark.slow)])
 def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
     whole = tmp_path / "whole"
-    assert run(whole, *MIXED, "train.max_steps=20", "train.checkpoint_every=5", "train.keep_checkpoints=4") == 0
+    assert run(whole, *MIXED, "train.max_steps=16", "train.checkpoint_every=5", "train.keep_checkpoints=4") == 0
     cut = cut_at(whole, tmp_path / "cut", stop)  # as if stopped right after that step
     assert main(["train", f"train.resume={cut}"]) == 0
     assert records(cut) == records(whole)
@@ -51,18 +63,17 @@ def test_resume_gives_the_uninterrupted_run(tmp_path, stop):
     assert s_cut["time_s"] == s_whole["time_s"] and s_cut["final_val_ppl"] == s_whole["final_val_ppl"]
 
 
-def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+def test_damaged_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys, finished_run):
     d = tmp_path / "run"
-    assert run(d, "schedule=pipedream", "pipeline.stages=2", "train.max_steps=12", "train.checkpoint_every=4",
-               "train.keep_checkpoints=3") == 0
+    shutil.copytree(finished_run, d)  # (its checkpoints at steps 2 and 4; damaged and resumed: a copy)
     newest = checkpoint.complete(d)[-1]
     part = newest / "pipeline.pt"
     part.write_bytes(part.read_bytes()[: part.stat().st_size // 2])  # truncated
     folder, manifest = checkpoint.load_latest(d, warn=print)
-    assert folder.name == "step-0000008" and manifest["step"] == 8
-    assert "step-0000012 is unusable" in capsys.readouterr().out
+    assert folder.name == "step-0000002" and manifest["step"] == 2
+    assert "step-0000004 is unusable" in capsys.readouterr().out
     assert main(["train", f"train.resume={d}"]) == 0
-    assert capsys.readouterr().err.count("step-0000012 is unusable") == 1  # said once
+    assert capsys.readouterr().err.count("step-0000004 is unusable") == 1  # said once
 
 
 def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys, finished_run):
@@ -82,37 +93,38 @@ def test_a_checkpoint_of_another_configuration_is_refused(tmp_path, capsys, fini
 
 
 def test_a_finished_sync_run_with_a_constant_lr_continues_for_more_steps(tmp_path):
-    """Sync (a flush every step) with optim.decay=constant: 6 steps, then resumed to 12, trains what a
-    12-step run trains; the only extra record is the 6-step run's final evaluation."""
-    sync = ["schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=2", "optim.decay=constant"]
+    """Sync (a flush every step) with optim.decay=constant: 3 steps, then resumed to 6, trains what a
+    6-step run trains; the only extra record is the 3-step run's final evaluation (evaluations
+    every 4 steps: the 6-step run's are at 0, 4 and 6)."""
+    sync = ["schedule=1f1b", "pipeline.stages=2", "pipeline.microbatches=2", "optim.decay=constant",
+            fixed_clock(tmp_path, 2)]  # (one clock for both)
     whole, d = tmp_path / "whole", tmp_path / "run"
-    assert run(whole, *sync, "train.max_steps=12") == 0
-    assert run(d, *sync, "train.max_steps=6", "train.save_final=true", f"pipeline.profile={whole / 'profile.json'}") == 0
-    assert main(["train", f"train.resume={d}", "train.max_steps=12"]) == 0
-    extended = [r for r in records(d) if not (r["kind"] == "eval" and r["step"] == 6)]
+    assert run(whole, *sync, "train.max_steps=6") == 0
+    assert run(d, *sync, "train.max_steps=3", "train.save_final=true") == 0
+    assert main(["train", f"train.resume={d}", "train.max_steps=6"]) == 0
+    extended = [r for r in records(d) if not (r["kind"] == "eval" and r["step"] == 3)]
     assert extended == records(whole)
-    assert json.loads((d / "summary.json").read_text())["steps"] == 12
+    assert json.loads((d / "summary.json").read_text())["steps"] == 6
 
 
-def test_more_steps_of_an_async_or_cosine_run_are_refused_saying_how(tmp_path, capsys):
-    d = tmp_path / "run"
-    assert run(d, "schedule=pipedream", "pipeline.stages=2", "train.max_steps=6", "train.save_final=true") == 0
+def test_more_steps_of_an_async_or_cosine_run_are_refused_saying_how(capsys, finished_run):
+    d = finished_run  # AdaPipe (async stretches) with a cosine decay, finished at step 4
     capsys.readouterr()
     before = {p: p.stat().st_mtime for p in d.rglob("*")}
     assert main(["train", f"train.resume={d}", "train.max_steps=12"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "train.max_steps=6 in the checkpoint, 12 now" in err[0], err
+    assert len(err) == 1 and "train.max_steps=4 in the checkpoint, 12 now" in err[0], err
     assert "synchronous schedule (1f1b, gpipe) and optim.decay=constant" in err[0]
-    assert "start a new run with train.max_steps=12, or resume with train.max_steps=6" in err[0]
-    assert {p: p.stat().st_mtime for p in d.rglob("*")} == before
+    assert "start a new run with train.max_steps=12, or resume with train.max_steps=4" in err[0]
+    assert {p: p.stat().st_mtime for p in d.rglob("*")} == before  # (the run is shared: nothing written)
 
 
 def test_final_state_only(tmp_path):
     d = tmp_path / "run"
-    assert run(d, "train.max_steps=7", "train.checkpoint_every=0", "train.save_final=true") == 0
-    assert [f.name for f in checkpoint.complete(d)] == ["step-0000007"]
+    assert run(d, "train.max_steps=3", "train.checkpoint_every=0", "train.save_final=true", fixed_clock(tmp_path, 4)) == 0
+    assert [f.name for f in checkpoint.complete(d)] == ["step-0000003"]
     manifest = checkpoint.verify(checkpoint.complete(d)[0])
-    assert set(manifest["parts"]) == {"trainer", "pipeline"} and manifest["step"] == 7
+    assert set(manifest["parts"]) == {"trainer", "pipeline"} and manifest["step"] == 3
 
 
 def _kill_while_writing(tmp_path, kills: int, seed: int):
@@ -234,7 +246,7 @@ def _text_run(tmp_path, text: str):
     train_file.parent.mkdir()
     train_file.write_text(text)
     args = ["data=text", "data.vocab_size=300", f"data.cache_dir={tmp_path / 'cache'}", "train.max_steps=4",
-            "train.checkpoint_every=2", "train.batch_size=4", "pipeline.stages=2"]
+            "train.checkpoint_every=2", "train.batch_size=4", "pipeline.stages=2", fixed_clock(tmp_path, 2)]
     d = tmp_path / "run"
     assert run(d, *args, f"data.train={train_file}") == 0
     return d, train_file

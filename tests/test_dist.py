@@ -4,6 +4,7 @@ torchrun; gradients equal torch.distributed.pipelining's."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -30,10 +31,29 @@ from procs import ENV, alive, comm, descendants, records
 
 
 
-def local_and_dist(make_cfg, tmp_path, *overrides):
-    """Runs the same config locally and distributed (one thread per process); their records."""
-    local = train(make_cfg(*overrides), tmp_path / "local")
-    dist = train(make_cfg(*overrides, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
+@contextlib.contextmanager
+def drawn_plots():
+    """Runs draw and write their plots here, as in a test marked ``plots`` (tests/conftest.py
+    leaves the others' undrawn): for the one run of several whose plot files a test checks."""
+    from adapipe_cli.train import loop, summary
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loop, "plot_run", summary.plot_run)
+        yield
+
+
+def local_and_dist(make_cfg, tmp_path, *overrides, drawn: bool = False, local_clock: bool = False):
+    """Runs the same config locally and distributed (one thread per process); their records.
+    ``drawn``: the dist run draws and writes its plots; ``local_clock``: the local run is on a
+    uniform cost profile rather than measuring one (the numbers compared do not depend on it)."""
+    local_only = []
+    if local_clock:
+        stages = int(next(o for o in overrides if o.startswith("pipeline.stages=")).split("=")[1])
+        CostProfile.uniform(stages).save(tmp_path / "uniform.json")
+        local_only = [f"pipeline.profile={tmp_path / 'uniform.json'}"]
+    local = train(make_cfg(*overrides, *local_only), tmp_path / "local")
+    with drawn_plots() if drawn else contextlib.nullcontext():
+        dist = train(make_cfg(*overrides, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
     return (local, *records(tmp_path / "local")), (dist, *records(tmp_path / "dist"))
 
 
@@ -57,13 +77,14 @@ SLOW = [("1f1b", 2, 2, ""), ("zbh1", 2, 2, ""), ("adapipe", 3, 2, SWITCHES + " s
         ("interleaved", 2, 4, "model.tie_embeddings=true"), ("interleaved", 3, 6, "model.n_layer=6 train.batch_size=12")]
 
 
-@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 @pytest.mark.parametrize("schedule,stages,micro,extra", FAST + [pytest.param(*c, marks=pytest.mark.slow) for c in SLOW])
 def test_dist_losses_equal_local(make_cfg, tmp_path, capsys, schedule, stages, micro, extra):
     rss_before_mb = rss_now_mb()
     (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
         make_cfg, tmp_path, f"schedule={schedule}", f"pipeline.stages={stages}", f"pipeline.microbatches={micro}",
-        *([*extra.split(), "heuristic=fixed"] if extra else []))  # (the default heuristic follows each runtime's clock)
+        *([*extra.split(), "heuristic=fixed"] if extra else []),  # (the default heuristic follows each runtime's clock)
+        drawn=True,  # (the dist run's plot files are checked: the local run's are not drawn)
+        local_clock=schedule != "interleaved")  # (its numbers do not depend on its clock: no profile to measure)
     # one worker of one thread per stage: they share the cores where there are more stages than cores
     assert capsys.readouterr().err.count(f"{stages} workers x 1 thread share") == (stages > usable_cores())
     assert dsteps == lsteps
@@ -141,7 +162,10 @@ def test_early_stops_end_every_stage_at_the_same_step(make_cfg, tmp_path):
     """A stop at the target and a stop at the time limit (which evaluates the final weights
     outside the schedule) train exactly the steps the local runtime trains, although the workers
     run ahead of the driver (the last of 4 stages by two steps with one microbatch)."""
-    common = ("schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=1", "train.batch_size=4")
+    profile = tmp_path / "uniform.json"  # (no profile to measure: the stops and the numbers do not depend on it)
+    CostProfile.uniform(4).save(profile)
+    common = ("schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=1", "train.batch_size=4",
+              f"pipeline.profile={profile}")
     (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
         make_cfg, tmp_path / "target", *common, "train.target_ppl=1000", "train.stop_at_target=true")
     assert ds["stopped"] == ls["stopped"] == "target" and ds["steps"] == ls["steps"] == 4
@@ -152,18 +176,27 @@ def test_early_stops_end_every_stage_at_the_same_step(make_cfg, tmp_path):
     assert (dsteps, devals) == (lsteps, levals) and [v for v, _ in devals] == [0, 1]
 
 
+def pipeline_cfg(make_cfg, **pipeline):
+    """The tiny config with ``pipeline.stages=2`` and these ``pipeline`` keys set on it (one compose,
+    cached, for every variant: a compose is 0.4 s on 2 busy cores)."""
+    cfg = make_cfg("pipeline.stages=2")
+    for key, value in pipeline.items():
+        cfg.pipeline[key] = value
+    return cfg
+
+
 def test_backend_choice_and_device_errors(make_cfg):
-    def choose(*overrides):
-        return choose_backend(make_cfg("pipeline.stages=2", *overrides), launched=False)
+    def choose(**pipeline):
+        return choose_backend(pipeline_cfg(make_cfg, **pipeline), launched=False)
 
     assert choose()[0] == ("nccl" if torch.cuda.device_count() >= 2 else "gloo")
-    assert choose("pipeline.backend=gloo", "pipeline.devices=[cpu,cpu]") == ("gloo", ["cpu", "cpu"])
+    assert choose(backend="gloo", devices=["cpu", "cpu"]) == ("gloo", ["cpu", "cpu"])
     with pytest.raises(ConfigError, match="one per stage"):
-        choose("pipeline.devices=[cpu]")
+        choose(devices=["cpu"])
     with pytest.raises(ConfigError, match="CUDA|two ranks"):
-        choose("pipeline.backend=nccl", "pipeline.devices=[cuda:0,cuda:0]")
+        choose(backend="nccl", devices=["cuda:0", "cuda:0"])
     with pytest.raises(ConfigError, match="gloo runs on CPUs"):
-        choose("pipeline.backend=gloo", "pipeline.devices=[cuda:0,cuda:1]")
+        choose(backend="gloo", devices=["cuda:0", "cuda:1"])
 
 
 @pytest.mark.parametrize("replicas,gpus,advice", [(1, 1, "use fewer stages, or pipeline.backend=gloo"),
@@ -172,8 +205,7 @@ def test_nccl_gpu_shortfall_says_what_to_lower(make_cfg, monkeypatch, replicas, 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     with pytest.raises(ConfigError) as e:
-        choose_backend(make_cfg("pipeline.stages=2", f"pipeline.replicas={replicas}", "pipeline.backend=nccl"),
-                       launched=False)
+        choose_backend(pipeline_cfg(make_cfg, replicas=replicas, backend="nccl"), launched=False)
     assert f"{gpus} for 2 stages" in str(e.value) and str(e.value).endswith(f"({advice})")
 
 
@@ -319,13 +351,15 @@ def workers_alive() -> list[int]:
 def test_a_failing_worker_ends_the_run(make_cfg, tmp_path, monkeypatch, kind, cause):
     """In the test's process (the CLI's exit status and single line are tested below)."""
     monkeypatch.setenv("ADAPIPE_FAULT", f"1:6:{kind}")
+    profile = tmp_path / "uniform.json"  # (given: the workers measure none before training)
+    CostProfile.uniform(3).save(profile)
     t0 = time.monotonic()
     with pytest.raises(WorkerFailed, match=rf"^stage 1 \(rank 1\) {cause}"):
-        train(make_cfg(*RUN[len(TINY):]), tmp_path)
+        train(make_cfg(*RUN[len(TINY):], f"pipeline.profile={profile}"), tmp_path / "run")
     # ended by the failure, not by a timeout (start-up's is STARTUP_S, 120 s; a worker lost mid-run
     # would be waited for without end): start-up included, which on a busy machine took 16 s
     assert time.monotonic() - t0 < STARTUP_S / 2
-    assert len(records(tmp_path)[0]) == 6  # steps 0..5
+    assert len(records(tmp_path / "run")[0]) == 6  # steps 0..5
     assert not workers_alive()
 
 

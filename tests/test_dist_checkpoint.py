@@ -44,10 +44,37 @@ def run(run_dir: Path, *overrides: str) -> int:
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
 
 
+def uniform_profile(folder: Path, stages: int) -> Path:
+    """A uniform cost profile saved in ``folder``, for runs whose test does not check a measured one
+    (measuring is a second of a tiny run on 2 busy cores)."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    path = folder / f"uniform-{stages}.json"
+    CostProfile.uniform(stages).save(path)
+    return path
+
+
 def crossing(folder: Path, stages: int) -> int:
     """Activations in flight at a stage but not yet forwarded by the next one, at the cut."""
     forwarded = [torch.load(folder / f"stage-{s}.pt", weights_only=False)["forwarded"] for s in range(stages)]
     return sum(a - b for a, b in zip(forwarded, forwarded[1:]))
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory):
+    """``whole_run(*overrides)``: the folder of an uninterrupted run of TINY with these overrides,
+    trained once per module (cut copies of it are resumed, see procs.cut_at): the fast resume test
+    and the damaged part's test resume the same dist run (a run of 4 workers, 8 steps)."""
+    runs = {}
+
+    def whole(*overrides: str) -> Path:
+        if overrides not in runs:
+            d = tmp_path_factory.mktemp("whole") / "run"
+            assert run(d, *overrides) == 0
+            runs[overrides] = d
+        return runs[overrides]
+
+    return whole
 
 
 # -- exactness ---------------------------------------------------------------------------------
@@ -59,13 +86,12 @@ SLOW = [("adapipe-p4-m2", [6, 12]), ("pipedream-p4-m1", [3, 7]), ("adapipe-p4-m2
 @pytest.mark.parametrize("case,stops", [("pipedream-p4-m1", [1]),
                                         *(pytest.param(*c, marks=pytest.mark.slow)
                                           for c in [("pipedream-p4-m2", [5]), ("2bw-p4-m4", [4]), *SLOW])])
-def test_dist_resume_gives_the_uninterrupted_run(tmp_path, case, stops):
+def test_dist_resume_gives_the_uninterrupted_run(tmp_path, whole_run, case, stops):
     every = 3 if all(k % 3 == 0 for k in stops) else 1
-    args = [*CASES[case], *DIST, "train.max_steps=14", f"train.checkpoint_every={every}", "train.keep_checkpoints=20"]
-    whole = tmp_path / "whole"
-    assert run(whole, *args) == 0
+    n = 8 if max(stops) < 4 else 14  # (a cut early on: 8 steps, as in the damaged part's test below)
+    whole = whole_run(*CASES[case], *DIST, f"train.max_steps={n}", f"train.checkpoint_every={every}", "train.keep_checkpoints=20")
     steps, evals = records(whole)
-    assert len(steps) == 14 and [v for v, _ in evals] == [0, 4, 8, 12, 14]
+    assert len(steps) == n and [v for v, _ in evals] == [*range(0, n, 4), n]
     stages = int(next(a for a in CASES[case] if a.startswith("pipeline.stages=")).split("=")[1])
     # in-flight microbatches do cross a cut tested (in a stream; none where a drain or a flush ends)
     assert any(crossing(whole / "checkpoints" / f"step-{k:07d}", stages) > 0 for k in stops)
@@ -81,9 +107,10 @@ def test_dist_resume_gives_the_uninterrupted_run(tmp_path, case, stops):
 def test_dist_checkpoints_equal_the_local_runs_numbers(tmp_path, capsys):
     """Same losses as the local runtime, each worker writes its own part, and the manifest lists
     every stage; a checkpoint of one runtime is refused by the other in one line."""
-    # two stages (two workers: half the processes of 4 on 2 busy cores); 4 stages: the resume tests
+    # two stages (two workers: half the processes of 4 on 2 busy cores); 4 stages: the resume tests.
+    # A given profile: neither run measures one (the dist resume tests' run does)
     args = ["schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=8",
-            "train.checkpoint_every=4"]
+            "train.checkpoint_every=4", f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
     assert run(tmp_path / "local", *args) == 0
     assert run(tmp_path / "dist", *args, *DIST) == 0
     assert records(tmp_path / "dist") == records(tmp_path / "local")
@@ -127,7 +154,7 @@ def test_local_resume_early_in_a_predicted_stream(tmp_path):
     """A microbatch forwarded before its stage's first update ran without weight prediction (no
     velocity yet): resumed after that update, it keeps its stashed weights (both runtimes)."""
     args = [*CASES["pipedream-p4-m1"], "schedule.mitigation=[predict]", "train.max_steps=6",
-            "train.checkpoint_every=1", "train.keep_checkpoints=10"]
+            "train.checkpoint_every=1", "train.keep_checkpoints=10", f"pipeline.profile={uniform_profile(tmp_path, 4)}"]
     whole = tmp_path / "whole"
     assert run(whole, *args) == 0
     cut = cut_at(whole, tmp_path / "cut", 1)
@@ -136,11 +163,10 @@ def test_local_resume_early_in_a_predicted_stream(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [pytest.param("missing", marks=pytest.mark.slow), "truncated"])  # (fast suite: one)
-def test_a_damaged_stage_part_falls_back_to_the_previous_checkpoint(tmp_path, capsys, damage):
-    args = [*CASES["pipedream-p4-m1"], *DIST, "train.max_steps=9", "train.checkpoint_every=3",
-            "train.keep_checkpoints=5"]
-    whole = tmp_path / "whole"
-    assert run(whole, *args) == 0
+def test_a_damaged_stage_part_falls_back_to_the_previous_checkpoint(tmp_path, capsys, whole_run, damage):
+    # (the fast resume test's run: a checkpoint after every step)
+    whole = whole_run(*CASES["pipedream-p4-m1"], *DIST, "train.max_steps=8", "train.checkpoint_every=1",
+                      "train.keep_checkpoints=20")
     cut = cut_at(whole, tmp_path / "cut", 6)
     part = cut / "checkpoints" / "step-0000006" / "stage-2.pt"
     if damage == "missing":
@@ -150,7 +176,7 @@ def test_a_damaged_stage_part_falls_back_to_the_previous_checkpoint(tmp_path, ca
     capsys.readouterr()
     assert main(["train", f"train.resume={cut}"]) == 0
     err = capsys.readouterr().err
-    assert "checkpoint step-0000006 is unusable" in err and "step-0000003 at step 3" in err
+    assert "checkpoint step-0000006 is unusable" in err and "step-0000005 at step 5" in err
     assert records(cut) == records(whole)
 
 

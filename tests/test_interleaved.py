@@ -4,6 +4,8 @@ closed form (1F1B's bubble divided by v), the local runtime's clock, and an exac
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from adapipe_cli.model import GPTConfig
@@ -11,21 +13,32 @@ from adapipe_cli.schedules import BACKWARD, FORWARD, SYNC, UPDATE, Plan, Schedul
 from adapipe_cli.schedules.interleaved import interleaved_order, warmup
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.simulate import simulate
-from helpers import local_runtime, make_data, rel_close
-from test_zero_bubble import DEEP, STEPS, reference_with_norms
+from helpers import GCFG, local_runtime, make_data, rel_close
+from test_zero_bubble import STEPS, reference_of, steps_at
 
 
-@pytest.mark.parametrize("p,v,m,order,clip", [(2, 2, 2, "forward", 1.0), (2, 2, 4, "reverse", 0.0),
+def one_block_per_chunk(p: int, v: int) -> GPTConfig:
+    """The tiny GPT with p v blocks, one per chunk (the numbers of a chunk do not depend on its
+    number of blocks, and a step through fewer blocks costs less): 4 at p v = 4, 8 at p v = 8."""
+    return dataclasses.replace(GCFG, n_layer=p * v)
+
+
+# (2, 2, 4, reverse, 0.0) is slow (make test-all): the reverse walk is (4, 2, 4)'s, no clipping
+# (4, 2, 8)'s, and a depth-2 steady state (pairs after the warm-up) (2, 4, 4)'s
+@pytest.mark.parametrize("p,v,m,order,clip", [(2, 2, 2, "forward", 1.0),
+                                              pytest.param(2, 2, 4, "reverse", 0.0, marks=pytest.mark.slow),
                                               (2, 4, 4, "forward", 1.0), (4, 2, 4, "reverse", 1.0),
                                               (4, 2, 8, "forward", 0.0)])
 def test_interleaved_equals_single_process_gradient_accumulation(p, v, m, order, clip):
-    """The model cut into p v chunks (8 blocks), chunk c on device c % p: the losses and gradient
-    norms of single-process training with gradient accumulation, whatever the walk's order."""
-    data = make_data(STEPS)
-    ref_losses, ref_norms = reference_with_norms(data, m, clip, DEEP)
-    rt = local_runtime(p, m, [SYNC] * STEPS, data, sync="interleaved", gcfg=DEEP, clip=clip, chunks=v, order=order)
+    """The model cut into p v chunks (one block each), chunk c on device c % p: the losses and
+    gradient norms of single-process training with gradient accumulation, whatever the walk's
+    order (with 8 microbatches over 3 steps, as test_zero_bubble's)."""
+    steps, gcfg = steps_at(p, m), one_block_per_chunk(p, v)
+    data = make_data(steps)
+    ref_losses, ref_norms = reference_of(m, clip, gcfg, steps)
+    rt = local_runtime(p, m, [SYNC] * steps, data, sync="interleaved", gcfg=gcfg, clip=clip, chunks=v, order=order)
     assert len(rt.executors) == p * v
-    got = [rt.run_step(t) for t in range(STEPS)]
+    got = [rt.run_step(t) for t in range(steps)]
     assert rel_close([r.loss for r in got], ref_losses, 1e-5), ([r.loss for r in got], ref_losses)
     assert rel_close([r.grad_norm for r in got], ref_norms, 1e-5), ([r.grad_norm for r in got], ref_norms)
 
@@ -34,9 +47,9 @@ def test_interleaved_equals_single_process_gradient_accumulation(p, v, m, order,
 def test_interleaved_with_tied_embeddings_across_devices(p, v):
     """The embedding on chunk 0 (device 0) and the head on chunk p v - 1 (device p - 1, not its first
     chunk to update) sum their gradients before the norm: single-process training of the tied model."""
-    tied = GPTConfig(**{**DEEP.__dict__, "tie_embeddings": True})
+    tied = dataclasses.replace(one_block_per_chunk(p, v), tie_embeddings=True)
     data = make_data(STEPS)
-    ref_losses, ref_norms = reference_with_norms(data, 4, 1.0, tied)
+    ref_losses, ref_norms = reference_of(4, 1.0, tied)
     rt = local_runtime(p, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=tied, chunks=v)
     got = [rt.run_step(t) for t in range(STEPS)]
     assert rel_close([r.loss for r in got], ref_losses, 1e-5), ([r.loss for r in got], ref_losses)
@@ -88,7 +101,8 @@ def test_the_local_runtimes_clock_is_the_simulators():
     p, v, m = 2, 2, 4
     prof = CostProfile.uniform(p * v, 0.5, 1.0, 0.0)
     sim = simulate(ScheduleSpec(p, m, "interleaved", chunks=v), Plan(3, [SYNC] * 3), prof, record=False)
-    rt = local_runtime(p, m, [SYNC] * 3, make_data(3), sync="interleaved", gcfg=DEEP, chunks=v, profile=prof)
+    rt = local_runtime(p, m, [SYNC] * 3, make_data(3), sync="interleaved", gcfg=one_block_per_chunk(p, v), chunks=v,
+                       profile=prof)
     got = [rt.run_step(t) for t in range(3)]
     assert [r.time_s for r in got] == pytest.approx(sim.update_end)
     assert got[-1].bubble == pytest.approx(sim.bubble_fraction)
@@ -97,13 +111,13 @@ def test_the_local_runtimes_clock_is_the_simulators():
 def test_interleaved_resumes_exactly():
     """A state taken at a step boundary and loaded into a fresh runtime continues with the numbers
     of the uninterrupted run (every device restarts its order)."""
-    data = make_data(STEPS)
-    rt = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=DEEP, chunks=2)
+    data, gcfg = make_data(STEPS), one_block_per_chunk(2, 2)
+    rt = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=gcfg, chunks=2)
     whole = [rt.run_step(t).loss for t in range(STEPS)]
-    first = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=DEEP, chunks=2)
+    first = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=gcfg, chunks=2)
     head = [first.run_step(t).loss for t in range(2)]
     state = first.state_dict()
-    second = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=DEEP, chunks=2)
+    second = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=gcfg, chunks=2)
     second.load_state_dict(state)
     assert head + [second.run_step(t).loss for t in range(2, STEPS)] == whole
 

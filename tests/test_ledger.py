@@ -27,6 +27,7 @@ weights before it):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -44,6 +45,12 @@ from adapipe_cli.optim import StageOptimizer
 
 V, T = 32, 8
 GPT = GPTConfig(vocab_size=V, block_size=T, n_layer=6, d_model=16, n_head=2)
+
+
+def one_block_per_stage(p: int) -> GPTConfig:
+    """The tiny GPT cut into p stages of one block each: what the stages hold is counted in
+    microbatches and weight sets, whatever a stage's blocks, and a step through fewer blocks costs less."""
+    return dataclasses.replace(GPT, n_layer=p)
 P, A, O = 10.0, 3.0, 7.0  # distinct sizes, so a wrong term shows
 
 
@@ -65,7 +72,8 @@ def both(p, m, phase, sync="1f1b", weights="stash", mitigation=(), steps=None, c
     ocfg = OmegaConf.structured(OptimConfig)
     scfg = OmegaConf.structured(ScheduleConfig)
     scfg.mitigation = list(mitigation)
-    stages = build_stages(GPT, partition(GPT, p), 0)
+    gpt = one_block_per_stage(p)
+    stages = build_stages(gpt, partition(gpt, p), 0)
     opts = [StageOptimizer(list(st.named_parameters()), ocfg) for st in stages]
     g = torch.Generator().manual_seed(0)
     data = [torch.randint(0, V, (m, T + 1), generator=g) for _ in range(steps)]
@@ -118,7 +126,8 @@ def test_1f1b(p, m):
     assert col(mem, "peak_bytes") == expected
 
 
-@pytest.mark.parametrize("p,m", [(4, 1), (4, 3), (2, 1), (5, 4), (3, 2)])
+# (5, 4) is slow (make test-all): m = p - 1 as (4, 3) and (3, 2)
+@pytest.mark.parametrize("p,m", [(4, 1), (4, 3), (2, 1), pytest.param(5, 4, marks=pytest.mark.slow), (3, 2)])
 def test_pipedream_stash(p, m):
     mem = both(p, m, ASYNC, weights="stash")
     versions = [math.ceil((p - s - 1) / m) + 1 for s in range(p)]
@@ -128,7 +137,8 @@ def test_pipedream_stash(p, m):
     assert col(mem, "peak_activations") == [p - s for s in range(p)]
 
 
-@pytest.mark.parametrize("p,m", [(4, 3), (3, 2), (2, 1), (5, 4), (4, 6)])
+# (5, 4) is slow (make test-all): m = p - 1 as (4, 3), (3, 2) and (2, 1)
+@pytest.mark.parametrize("p,m", [(4, 3), (3, 2), (2, 1), pytest.param(5, 4, marks=pytest.mark.slow), (4, 6)])
 def test_2bw(p, m):
     mem = both(p, m, ASYNC, weights="2bw")
     assert col(mem, "peak_weight_versions") == [2] * p
@@ -141,7 +151,10 @@ def test_2bw_with_prediction_last_stage(p, m):
     mem = both(p, m, ASYNC, weights="2bw", mitigation=["predict"])
     assert mem[-1]["peak_param_sets"] == 4
     assert col(mem, "peak_weight_versions") == [2] * p
-    plain = both(p, m, ASYNC, weights="2bw", check_tensors=False)
+    # plain 2BW's report from the simulator alone: test_2bw checks, for these very cases, that
+    # the executor's equals it (and its closed form)
+    steps = min_steady_steps(p, m) + 3
+    plain = simulate(ScheduleSpec(p, m, "1f1b", "2bw"), Plan(steps, [ASYNC] * steps), sized(p), record=False).memory
     # prediction costs memory at every stage
     assert all(a > b for a, b in zip(col(mem, "peak_param_sets"), col(plain, "peak_param_sets")))
 
@@ -151,7 +164,9 @@ def test_mixed_plan_and_mitigations_agree_with_the_executor():
     simulator's report equals the runtime's (checked inside ``both``)."""
     mixed = [SYNC, ASYNC, ASYNC, ASYNC, SYNC, SYNC, ASYNC, ASYNC, ASYNC, ASYNC]
     for weights in ("stash", "latest", "vertical", "2bw"):
-        both(4, 3, mixed, weights=weights, mitigation=["predict", "nesterov"])
+        # three stages, two microbatches: as at (4, 3), the first stage runs w = m warm-up
+        # forwards (a step ahead), and a middle stage too (at 40% less cost)
+        both(3, 2, mixed, weights=weights, mitigation=["predict", "nesterov"])
 
 
 @pytest.mark.parametrize("weights", ["2bw", "vertical"])

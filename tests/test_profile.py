@@ -239,9 +239,16 @@ def test_adapipe_profile_bad_input_is_one_line(args, message, capsys):
     assert len(err) == 1 and message in err[0], err
 
 
-def test_a_sweep_uses_a_profile_put_in_place_by_adapipe_profile(tmp_path, capsys):
+def test_a_sweep_uses_a_profile_put_in_place_by_adapipe_profile(tmp_path, capsys, monkeypatch):
+    from matplotlib.figure import Figure
+
     from adapipe_cli.simulator.clock import CostProfile
     from test_sweep import TINY_GRID
+
+    # the report's plots are built but not drawn or written, as a run's (tests/conftest.py): this test
+    # checks the profile; tests/test_sweep.py checks the report's files
+    monkeypatch.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: None)
 
     out = tmp_path / "sw"
     shape = [a for a in TINY_GRID if a.startswith(("model.", "data.vocab_size"))]

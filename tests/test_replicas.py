@@ -8,6 +8,7 @@ of test_references with each step's gradient the mean over R replicas' shares (a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 import pytest
@@ -29,9 +30,17 @@ from version_table import PHASE
 ADAM = dict(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, weight_decay=0.0, decay="constant", warmup_steps=0)
 
 
+def one_block_per_stage(n: int):
+    """The tiny GPT with one block per (virtual) stage (GCFG at four): replicas act per stage,
+    whatever its blocks, and a step through fewer blocks costs less."""
+    return dataclasses.replace(GCFG, n_layer=n)
+
+
 def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, scfg=None, order="forward",
-               sync="1f1b", allreduce=None, gcfg=GCFG, chunks=1):
-    """A local runtime of R replicas of a p-stage pipeline, each on its R-th of every batch."""
+               sync="1f1b", allreduce=None, gcfg=None, chunks=1):
+    """A local runtime of R replicas of a p-stage pipeline, each on its R-th of every batch
+    (``gcfg`` None: one block per virtual stage)."""
+    gcfg = gcfg if gcfg is not None else one_block_per_stage(p * chunks)
     plan = Plan(len(phases), list(phases))
     ocfg = ocfg if ocfg is not None else optim_cfg(**ADAM)
     ocfg.grad_clip = clip
@@ -66,10 +75,16 @@ def single_process(data, steps, clip, gcfg=GCFG):
     return losses
 
 
+@functools.lru_cache(maxsize=None)
+def single_process_of(steps: int, clip: float, gcfg) -> tuple[float, ...]:
+    """``single_process`` on ``make_data(steps)``, computed once for the cases that share it (read only)."""
+    return tuple(single_process(make_data(steps), steps, clip, gcfg))
+
+
 @pytest.mark.parametrize("sync,chunks", [("1f1b", 1), ("gpipe", 1), ("zbh1", 1), ("interleaved", 2)])
 def test_sync_replicas_are_single_process_training_on_the_whole_batch(sync, chunks):
     data = make_data(6)
-    ref = single_process(data, 6, clip=0.5)
+    ref = single_process_of(6, 0.5, one_block_per_stage(2 * chunks))
     rt = replicated(2, 2, 2, ["sync"] * 6, data, clip=0.5, sync=sync, chunks=chunks)
     results = [rt.run_step(t) for t in range(6)]
     assert rel_close([r.loss for r in results], ref, 1e-5), ([r.loss for r in results], ref)
@@ -77,7 +92,7 @@ def test_sync_replicas_are_single_process_training_on_the_whole_batch(sync, chun
 
 
 def test_sync_replicas_with_tied_embeddings_are_single_process_training():
-    gcfg = dataclasses.replace(GCFG, tie_embeddings=True)
+    gcfg = dataclasses.replace(one_block_per_stage(2), tie_embeddings=True)
     data = make_data(4)
     ref = single_process(data, 4, clip=0.5, gcfg=gcfg)
     got = run_losses(replicated(2, 2, 2, ["sync"] * 4, data, clip=0.5, gcfg=gcfg), 4)
@@ -119,7 +134,7 @@ class ReplicatedLoop(DelayedLoop):
                                            (3, 2, "aaaa", "latest")])
 def test_async_replicas_are_the_delayed_gradient_loop_on_the_mean_gradient(p, m, plan, rule):
     data = make_data(len(plan))
-    loop = ReplicatedLoop(2, p, m, plan, rule)
+    loop = ReplicatedLoop(2, p, m, plan, rule, gcfg=one_block_per_stage(p))
     ref = [loop.step(t, *data[t]) for t in range(len(plan))]
     rt = replicated(2, p, m, [PHASE[c] for c in plan], data, weights=rule)
     got = run_losses(rt, len(plan))

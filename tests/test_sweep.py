@@ -26,7 +26,10 @@ GRIDS = {"smoke": (2, 2, 3, 1), "cpu": (3, 4, 3, 3), "gpu": (3, 5, 3, 3),  # dep
          "cpu-adamw": (2, 1, 7, 3), "cpu-muon": (2, 1, 6, 3), "gpu1": (2, 2, 3, 1)}
 
 
-@pytest.mark.parametrize("name", list(GRIDS))
+# (a compose per method of each grid: 1-2 s each on 2 busy cores) fast: a grid of each branch below,
+# smoke, cpu-adamw (the cpu grids' and make reproduce's checks, with the most methods), gpu, gpu1; slow
+# (make test-all): cpu and cpu-muon, which go through cpu-adamw's
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in ("cpu", "cpu-muon") else n for n in GRIDS])
 def test_shipped_grids_compose_into_their_cells(name):
     grid = load_grid([f"sweep={name}"])
     depths, batches, methods, seeds = GRIDS[name]
@@ -44,11 +47,12 @@ def test_shipped_grids_compose_into_their_cells(name):
     # the deepest pipeline at its largest batch, for each method: composes and validates
     deepest = [c for c in cells if c.stages == max(grid.cfg.stages) and c.microbatches == max(grid.cfg.microbatches)
                and c.seed == grid.cfg.seeds[0]]
+    composed = {}
     for cell in deepest:
         overrides = grid.overrides(cell, target=None if grid.cfg.target.rule == "fixed" else 50.0)
         if name == "gpu1" and not torch.cuda.is_available():  # validating checks that the device exists
             overrides = [*overrides, "pipeline.device=cpu"]
-        cfg = compose_config(overrides)
+        cfg = composed[cell.method] = compose_config(overrides)
         validate(cfg)
         assert (cfg.pipeline.stages, cfg.train.batch_size, cfg.seed) == (cell.stages, cell.batch_size, cell.seed)
     assert cfg.schedule.name == "adapipe" and cfg.heuristic.name == ("gain" if zb else "goodput")
@@ -57,7 +61,7 @@ def test_shipped_grids_compose_into_their_cells(name):
     if name in ("cpu-adamw", "cpu-muon"):  # the two grids of make reproduce: two targets, one optimizer each
         assert cfg.optim.name == name.split("-")[1] and cfg.train.stop_at_target
         assert grid.cfg.target.budget == 300 and grid.cfg.late_target.rule == "sync_best"
-        sync = compose_config(grid.overrides(next(c for c in cells if c.method == "sync")))
+        sync = composed["sync"]  # (a method's step budget is the same at every depth)
         assert cfg.train.max_steps == 2 * sync.train.max_steps and sync.schedule.name == "1f1b"
     if name == "gpu":
         assert cfg.pipeline.runtime == "dist" and cfg.model.name == "gpt2-small" and not grid.cfg.profile
@@ -89,7 +93,8 @@ def test_grid_overrides_and_checks(monkeypatch, tmp_path):
     (["sweep"], "adapipe sweep sweep=NAME"),
     (["sweep", "sweep=smoke", "pipeline.stages=2"], "use sweep.stages"),
     (["sweep", "sweep=smoke", "sweep.stagez=[2]"], "unknown config key 'sweep.stagez'"),
-    (["sweep", "sweep=smoke", "model.n_layer=3"], "cell p4_b2_sync_s0: pipeline.stages=4 is more than"),
+    # (depth 4 alone: its first cell is the first checked, not the 7th, each check a compose)
+    (["sweep", "sweep=smoke", "sweep.stages=[4]", "model.n_layer=3"], "cell p4_b2_sync_s0: pipeline.stages=4 is more than"),
     (["report", "/nonexistent/sweep"], "does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message, capsys):

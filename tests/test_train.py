@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +22,17 @@ SUMMARY_KEYS = {"final_val_ppl", "best_val_ppl", "target_ppl", "time_to_target_s
 
 def read(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def fixed_clock(folder, stages: int = 4) -> str:
+    """``pipeline.profile=`` a uniform cost profile saved in ``folder``, for a run whose test does
+    not check a measured one: the run measures none (a second of a tiny run on 2 busy cores). The
+    runs that check their measured profile (outputs, determinism) measure it."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    path = folder / f"uniform-{stages}.json"
+    CostProfile.uniform(stages).save(path)
+    return f"pipeline.profile={path}"
 
 
 @pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
@@ -45,30 +57,41 @@ def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
     assert all(b > a for a, b in zip(times, times[1:]))  # the pipeline clock moves forward
 
 
-@pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
+@contextlib.contextmanager
+def drawn_plots():
+    """Runs draw and write their plots here, as in a test marked ``plots`` (tests/conftest.py
+    leaves the others' undrawn): for the one run of several whose plot files a test checks."""
+    from adapipe_cli.train import loop, summary
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loop, "plot_run", summary.plot_run)
+        yield
+
+
 def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
-    a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
+    with drawn_plots():  # (only this run's are checked: the others' are not drawn)
+        a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
     assert (tmp_path / "a" / "phases.png").stat().st_size > 0  # one phase, shaded: every run writes it
-    b_cfg = make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream",
-                     f"pipeline.profile={tmp_path / 'a' / 'profile.json'}")
-    b = train(b_cfg, tmp_path / "b")
+    a_profile = f"pipeline.profile={tmp_path / 'a' / 'profile.json'}"
+    b = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", a_profile), tmp_path / "b")
 
     def strip(recs):
         return [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
 
     assert strip(read(tmp_path / "a")) == strip(read(tmp_path / "b"))
     assert a["time_s"] == b["time_s"]
-    c = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", "seed=1"), tmp_path / "c")
+    # another seed (on a's clock: no profile of its own to measure, and the losses do not depend on it)
+    c = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", "seed=1", a_profile), tmp_path / "c")
     assert c["final_val_loss"] != a["final_val_loss"]
 
 
 def test_target_and_stop_at_target(make_cfg, tmp_path):
     cfg = make_cfg("train.max_steps=60", "train.eval_every=5", "optim.lr=3e-3", "train.target_ppl=40",
-                   "train.stop_at_target=true")
-    s = train(cfg, tmp_path)
+                   "train.stop_at_target=true", "pipeline.stages=2", fixed_clock(tmp_path, 2))
+    s = train(cfg, tmp_path / "run")
     assert s["time_to_target_s"] is not None and s["stopped"] == "target"
     assert s["steps"] == s["step_to_target"] < 60
-    evals = [r for r in read(tmp_path) if r["kind"] == "eval"]
+    evals = [r for r in read(tmp_path / "run") if r["kind"] == "eval"]
     first = next(r for r in evals if r["val_ppl"] <= 40)
     assert s["time_to_target_s"] == first["time_s"]
 
@@ -98,10 +121,10 @@ def test_a_single_run_composes_once_and_writes_what_hydra_main_writes(tmp_path, 
 
     calls, real = [], ConfigLoaderImpl.load_configuration
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
-    out = tmp_path / "run"
-    assert main(["train", *TINY, "train.max_steps=2", f"hydra.run.dir={out}"]) == 0
+    out, clock = tmp_path / "run", fixed_clock(tmp_path)
+    assert main(["train", *TINY, "train.max_steps=2", clock, f"hydra.run.dir={out}"]) == 0
     assert len(calls) == 1
-    assert yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text()) == [*TINY, "train.max_steps=2"]
+    assert yaml.safe_load((out / ".hydra" / "overrides.yaml").read_text()) == [*TINY, "train.max_steps=2", clock]
     node = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())["hydra"]
     assert node["overrides"]["hydra"] == [f"hydra.run.dir={out}", "hydra.mode=RUN"] and node["mode"] == "RUN"
     assert node["job"]["name"] == "train" and node["runtime"]["output_dir"] == str(out)
@@ -110,7 +133,7 @@ def test_a_single_run_composes_once_and_writes_what_hydra_main_writes(tmp_path, 
     # a run directory given relative is recorded as given, a mode given once; Hydra's flags go to
     # hydra.main, which refuses one it does not know, before anything is written
     monkeypatch.chdir(tmp_path)
-    assert main(["train", *TINY, "train.max_steps=2", "hydra.run.dir=rel/run", "hydra.mode=RUN"]) == 0
+    assert main(["train", *TINY, "train.max_steps=2", clock, "hydra.run.dir=rel/run", "hydra.mode=RUN"]) == 0
     node = yaml.safe_load((tmp_path / "rel" / "run" / ".hydra" / "hydra.yaml").read_text())["hydra"]
     assert node["run"]["dir"] == "rel/run" and node["overrides"]["hydra"] == ["hydra.run.dir=rel/run", "hydra.mode=RUN"]
     assert main(["train", *TINY, "hydra.run.dir=rel/flag", "--no-such-flag"]) == 2 and not (tmp_path / "rel" / "flag").exists()
@@ -133,10 +156,13 @@ def test_help_lists_commands_and_groups(capsys):
     assert "base" not in text.split("Config groups")[1].split("\n\n")[0]
 
 
+# a case whose check a fast case makes too, with another key or value (a compose each, 0.4 s on 2
+# busy cores): slow (make test-all); the comment beside each names the fast one
+SAME = pytest.mark.slow
 BAD = [
     (["pipeline.stagez=4"], "unknown config key 'pipeline.stagez'"),
     (["schedule=1f1bb"], "unknown schedule '1f1bb'"),
-    (["heuristic=nope"], "unknown heuristic 'nope'"),
+    pytest.param(["heuristic=nope"], "unknown heuristic 'nope'", marks=SAME),  # (fast: schedule=1f1bb)
     (["pipeline.stages=four"], "pipeline.stages"),
     (["pipeline.stages=0"], "pipeline.stages must be at least 1"),
     (["pipeline.stages=5"], "more than the 4 blocks"),
@@ -166,7 +192,8 @@ BAD = [
     (["heuristic=gain", "heuristic.drift_taper_kd=[3.15,1.35]"], "heuristic.drift_taper_kd=[3.15, 1.35]: give [from, to]"),
     (["heuristic=gain", "heuristic.drift_taper_kd=[1.35]"], "heuristic.drift_taper_kd=[1.35]: give [from, to]"),
     (["heuristic=gain", "heuristic.drift_taper_kd=[-1,2]"], "heuristic.drift_taper_kd=[-1.0, 2.0]: give [from, to]"),
-    (["heuristic=gain", "heuristic.prior_spread=0.5"], "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd"),
+    pytest.param(["heuristic=gain", "heuristic.prior_spread=0.5"],
+                 "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd", marks=SAME),  # (fast: heuristic.drift)
     (["heuristic=gain", "heuristic.sync_warmup=-5"], "heuristic.sync_warmup=-5: give a number of steps >= 0"),
     (["schedule=adapipe", "heuristic.signal=heldot"], "unknown heuristic.signal='heldot': use train or heldout"),
     (["heuristic.signal_tokens=0"], "heuristic.signal_tokens=0: give a positive number"),
@@ -194,12 +221,59 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("overrides,message", BAD, ids=[b[1][:30] for b in BAD])
+# refused before validate() (by Hydra composing the config, or by the command line: the override
+# itself) or after it (by the run's set-up): checked through adapipe train alone
+NOT_BY_VALIDATE = {
+    "unknown config key 'pipeline.stagez'", "unknown schedule '1f1bb'", "unknown heuristic 'nope'", "pipeline.stages",
+    "'pipeline.stages' is not an override: write key=value with no spaces, e.g. pipeline.stages=4",
+    "heuristic.start='soon'", "config key 'heuristic.drift' was retired: use heuristic.delay_drift",
+    "config key 'heuristic.prior_spread' was retired: use heuristic.prior_logit_sd",
+    "does not roll back yet: use heuristic.guard=false", "does not write or resume checkpoints yet"}
+# validate()'s refusals all take one path through adapipe train (compose, validate, one line, exit 2,
+# nothing written), a compose each (0.4 s on 2 busy cores): these three take it in the fast suite,
+# the others in make test-all; every one of them is refused fast by validate() itself, on the
+# composed config (test_validate_refuses_each_bad_value below)
+VALIDATE_THROUGH_THE_CLI = {"pipeline.stages must be at least 1", "does not exist",
+                            "optim.lr=1e+39 is too large: the optimizer's first step overflows float32; lower optim.lr"}
+
+
+def _values(case):
+    return case.values if hasattr(case, "values") else case
+
+
+def _through_the_cli(case):
+    overrides, message = _values(case)
+    slow = message not in NOT_BY_VALIDATE | VALIDATE_THROUGH_THE_CLI
+    return pytest.param(overrides, message, id=message[:30], marks=(*getattr(case, "marks", ()), *([pytest.mark.slow] if slow else [])))
+
+
+@pytest.mark.parametrize("overrides,message", [_through_the_cli(b) for b in BAD])
 def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
     assert main(["train", *TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()  # rejected before anything is written
+
+
+@pytest.mark.parametrize("overrides,message", [pytest.param(*_values(b), id=_values(b)[1][:30]) for b in BAD
+                                               if _values(b)[1] not in NOT_BY_VALIDATE])
+def test_validate_refuses_each_bad_value(overrides, message, make_cfg):
+    """validate() refuses each bad value of BAD that it is for, in one line: on the config of the
+    case's config groups (composed once each, cached), its other overrides applied as Hydra applies
+    them (parsed by Hydra's parser, set with OmegaConf.update)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from adapipe_cli.config import ConfigError, validate
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    cfg = make_cfg(*(o.input_line for o in parsed if "." not in o.key_or_group))  # (the groups chosen)
+    for o in parsed:
+        if "." in o.key_or_group:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert len(str(e.value).splitlines()) == 1 and message in str(e.value), e.value
 
 
 @pytest.mark.parametrize("optim, rate", [([], "lower optim.lr or"),
@@ -209,7 +283,7 @@ def test_a_huge_learning_rate_within_float32_diverges_in_one_line(capsys, tmp_pa
     fits float32, the loss after it does not; the run says so in one line naming the rates to
     lower (with Muon its own first), exit 1, and keeps what it wrote (it ran)."""
     assert main(["train", *TINY, "optim.lr=1e30", *optim, "optim.weight_decay=0", "pipeline.stages=2", "train.max_steps=3",
-                 f"hydra.run.dir={tmp_path / 'run'}"]) == 1
+                 fixed_clock(tmp_path, 2), f"hydra.run.dir={tmp_path / 'run'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("adapipe: error: training diverged at step 1") and rate in err[-1], err
     assert not any("Traceback" in line for line in err) and (tmp_path / "run" / "metrics.jsonl").is_file()
@@ -231,15 +305,17 @@ def test_bad_data_files(case, capsys, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_refused_run_removes_the_folders_it_made_and_only_those(capsys, tmp_path, monkeypatch):
+def test_a_refused_run_removes_the_folders_it_made_and_only_those(capsys, tmp_path, tmp_path_factory, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert main(["train", *TINY, "heuristic.start=soon"]) == 2  # the default outputs/DATE/TIME-SCHEDULE
-    assert main(["train", *TINY, "heuristic.start=soon", f"hydra.run.dir={tmp_path / 'a' / 'b'}"]) == 2
+    # (refused after the runtime is built: its profile, given, is not measured each time)
+    late = ["heuristic.start=soon", fixed_clock(tmp_path_factory.mktemp("profile"))]
+    assert main(["train", *TINY, *late]) == 2  # the default outputs/DATE/TIME-SCHEDULE
+    assert main(["train", *TINY, *late, f"hydra.run.dir={tmp_path / 'a' / 'b'}"]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     kept = tmp_path / "existing"
     kept.mkdir()
     (kept / "notes.txt").write_text("mine")
-    assert main(["train", *TINY, "heuristic.start=soon", f"hydra.run.dir={kept}"]) == 2
+    assert main(["train", *TINY, *late, f"hydra.run.dir={kept}"]) == 2
     assert (kept / "notes.txt").read_text() == "mine"
     assert len(capsys.readouterr().err.strip().splitlines()) == 3
 
@@ -249,12 +325,13 @@ def test_wandb_without_an_api_key_says_how_to_log_in(capsys, tmp_path, monkeypat
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
-    assert main(["train", *TINY, "logger=wandb", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert main(["train", *TINY, "logger=wandb", fixed_clock(tmp_path), f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "wandb login" in err[0] and "WANDB_MODE=offline" in err[0], err
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # the installed command in a subprocess (5 s); the fast twin, in process: test_bad_input_is_one_line_and_exit_2
 def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
     r = run_cli("train", "pipeline.stages=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 2
@@ -265,7 +342,7 @@ def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
 def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", mode)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    s = train(make_cfg("logger=wandb", "train.max_steps=3"), tmp_path / "run")
+    s = train(make_cfg("logger=wandb", "train.max_steps=3", fixed_clock(tmp_path)), tmp_path / "run")
     assert s["steps"] == 3 and (tmp_path / "run" / "summary.json").is_file()
     if mode == "offline":  # the offline run holds the logged history, ready for `wandb sync`
         runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -99,6 +100,17 @@ def _run_plots_unrendered(request, monkeypatch):
             return real(*args, **kwargs)
 
     monkeypatch.setattr(loop, "plot_run", unrendered)
+
+
+@contextlib.contextmanager
+def drawn_plots():
+    """Runs draw and write their plots here, as in a test marked ``plots`` (``_run_plots_unrendered``
+    leaves the others' undrawn): for the one run of several whose plot files a test checks."""
+    from adapipe_cli.train import loop, summary
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(loop, "plot_run", summary.plot_run)
+        yield
 
 
 def shared_data_dir():

@@ -26,20 +26,9 @@ from adapipe_cli.schedules.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
-from conftest import TINY
+from conftest import TINY, drawn_plots
 from procs import ENV, alive, comm, descendants, records
 
-
-
-@contextlib.contextmanager
-def drawn_plots():
-    """Runs draw and write their plots here, as in a test marked ``plots`` (tests/conftest.py
-    leaves the others' undrawn): for the one run of several whose plot files a test checks."""
-    from adapipe_cli.train import loop, summary
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(loop, "plot_run", summary.plot_run)
-        yield
 
 
 def local_and_dist(make_cfg, tmp_path, *overrides, drawn: bool = False, local_clock: bool = False):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -12,7 +11,7 @@ import pytest
 
 from adapipe_cli.cli.main import main
 from adapipe_cli.train.loop import train
-from conftest import TINY
+from conftest import TINY, drawn_plots
 
 STEP_KEYS = {"step", "phase", "loss", "lr", "tokens", "time_s", "wall_s", "staleness", "bubble"}
 EVAL_KEYS = {"step", "val_loss", "val_ppl", "time_s", "wall_s"}
@@ -55,17 +54,6 @@ def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
         assert (tmp_path / f).stat().st_size > 0
     times = [r["time_s"] for r in steps]
     assert all(b > a for a, b in zip(times, times[1:]))  # the pipeline clock moves forward
-
-
-@contextlib.contextmanager
-def drawn_plots():
-    """Runs draw and write their plots here, as in a test marked ``plots`` (tests/conftest.py
-    leaves the others' undrawn): for the one run of several whose plot files a test checks."""
-    from adapipe_cli.train import loop, summary
-
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(loop, "plot_run", summary.plot_run)
-        yield
 
 
 def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):

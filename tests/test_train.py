@@ -329,11 +329,21 @@ def test_wandb_without_an_api_key_says_how_to_log_in(capsys, tmp_path, monkeypat
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.slow  # the installed command in a subprocess (5 s); the fast twin, in process: test_bad_input_is_one_line_and_exit_2
 def test_bad_input_in_a_subprocess_has_no_traceback(tmp_path):
+    """The installed command (about 1 s: a value refused before the checks that need torch does not
+    import it)."""
     r = run_cli("train", "pipeline.stages=0", f"hydra.run.dir={tmp_path / 'run'}")
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "pipeline.stages must be at least 1" in r.stderr and not (tmp_path / "run").exists()
+
+
+def test_the_command_line_and_the_checks_import_torch_only_where_they_need_it():
+    """What ``adapipe --help`` and a refused value run (the CLI, the schema, the checks before the
+    device's) stays torch-free: torch's import is 3-5 s of a refusal on 2 cores."""
+    code = "import sys, adapipe_cli.cli.main, adapipe_cli.cli.train, adapipe_cli.config; print('torch' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
 
 
 @pytest.mark.parametrize("mode", ["offline", "disabled"])

@@ -10,10 +10,11 @@ import os
 from omegaconf import OmegaConf
 
 from ..adaptive.fixed import parse_plan
-from ..optim import overflowing_lr
-from ..runtime.device import PRECISIONS, DeviceError, resolve_device
-from ..schedules.mitigations import MITIGATIONS
 from ..schedules.program import SYNC_SCHEDULES, WEIGHT_RULES
+
+# The checks that need torch (the device, the optimizer's first step, the mitigations) import it
+# where they run: a value refused before them, and ``adapipe --help``, cost a second, not torch's
+# import (3-5 s on 2 cores).
 
 SCHEDULES = ("1f1b", "gpipe", "zbh1", "zbh2", "interleaved", "pipedream", "2bw", "adapipe")
 # AdaPipe's sync phase (interleaved: its placement in both phases; auto: 1F1B or ZB-H1, whichever the
@@ -77,6 +78,8 @@ def validate(cfg) -> None:
     _need(p.order in ("forward", "reverse"), f"unknown pipeline.order={p.order!r}: use forward or reverse")
     _need(p.profile is None or os.path.isfile(p.profile), f"pipeline.profile={p.profile} does not exist: give a saved profile.json")
     _need(d.eval_tokens >= 1, "data.eval_tokens must be positive")
+    from ..runtime.device import PRECISIONS, DeviceError, resolve_device
+
     _need(t.precision in PRECISIONS, f"unknown train.precision={t.precision!r}: use fp32 or bf16")
     try:
         resolve_device(p.device)
@@ -91,6 +94,8 @@ def _check_step_size(cfg) -> None:
     weights' sign: a learning rate whose first step overflows float32 (e.g. optim.lr=1e39), or
     lr x weight_decay >= 1 (and muon_lr x weight_decay with Muon), is refused here in one line rather
     than inside the first step."""
+    from ..optim import overflowing_lr
+
     o = cfg.optim
     for key in ("beta1", "beta2"):
         _need(0 <= o[key] < 1, f"optim.{key}={o[key]:g}: give a value in [0, 1)")
@@ -145,6 +150,8 @@ def _check_chunks(cfg) -> None:
 
 
 def _check_schedule(cfg) -> None:
+    from ..schedules.mitigations import MITIGATIONS
+
     s, p = cfg.schedule, cfg.pipeline
     _need(s.name in SCHEDULES, f"unknown schedule {s.name!r}: use one of {', '.join(SCHEDULES)}")
     if s.name == "adapipe":

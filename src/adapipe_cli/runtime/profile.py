@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Callable, Hashable
 
 import torch
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from ..model import GPTStage, lm_loss
 from ..simulator.clock import CostProfile
@@ -155,6 +154,9 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     ``signal_rows`` rows, the loss included at the last stage), and the bytes of one microbatch's activation (sent in fp32 whatever the precision). The update
     is the executor's: the squared norm of the gradient (every update computes it: the global
     norm's share), with ``grad_clip > 0`` the clipping multiply, then the optimizer's step."""
+    # imported here: the package's import costs about 2 s on 2 cores (the executor's input_grad)
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
     st = copy.deepcopy(stage)
     opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())

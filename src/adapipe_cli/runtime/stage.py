@@ -35,7 +35,6 @@ from typing import Callable
 import torch
 
 from ..model import GPTStage, lm_loss
-from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from ..schedules import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action, StageProgram
 from ..schedules.ledger import LIVE, Ledger, StageBytes
@@ -445,6 +444,9 @@ class StageExecutor:
             rec.split = grad_out
             return
         params = self.params if rec.weights is None else rec.weights
+        # imported here, not at the top: the package's import (torch.export, dynamo) costs a process
+        # about 2 s on 2 cores, and only a split backward needs it
+        from torch.distributed.pipelining._backward import stage_backward_input
         dx, groups = stage_backward_input([rec.out], None if grad_out is None else [grad_out], [rec.x], iter(params))
         self.transport.send("grad", self.s, self.s - 1, a.mb, dx[0])
         rec.split = groups
@@ -460,6 +462,7 @@ class StageExecutor:
             before = [p.grad for p in params]
             for p in params:
                 p.grad = None
+            from torch.distributed.pipelining._backward import stage_backward_weight  # as in input_grad
             stage_backward_weight(iter(params), rec.split)
             grads = [p.grad for p in params]
             for p, g in zip(params, before):

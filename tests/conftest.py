@@ -87,19 +87,33 @@ def _run_plots_unrendered(request, monkeypatch):
     (those that check the files: a sync run, a switching run, a dist run) draw and write them."""
     if request.node.get_closest_marker("plots"):
         return
-    from matplotlib.figure import Figure
-
     from adapipe_cli.train import loop
 
-    real = loop.plot_run
+    monkeypatch.setattr(loop, "plot_run", built_not_drawn(loop.plot_run))
 
-    def unrendered(*args, **kwargs):
+
+def built_not_drawn(plot):
+    """``plot`` building its figure, every artist, but not laying it out, drawing or writing it: for
+    the plots a test does not check."""
+    from matplotlib.figure import Figure
+
+    def undrawn(*args, **kwargs):
         with pytest.MonkeyPatch.context() as m:
             m.setattr(Figure, "tight_layout", lambda self, *a, **k: None)
             m.setattr(Figure, "savefig", lambda self, *a, **k: None)
-            return real(*args, **kwargs)
+            return plot(*args, **kwargs)
+    return undrawn
 
-    monkeypatch.setattr(loop, "plot_run", unrendered)
+
+def fixed_clock(folder, stages: int = 4) -> str:
+    """``pipeline.profile=`` a uniform cost profile of ``stages`` saved in ``folder``, for a run whose
+    test does not check a measured one: the run measures none (a second or more of a tiny run on 2
+    busy cores, several in bf16). Tests of a measured profile measure it."""
+    from adapipe_cli.simulator.clock import CostProfile
+
+    path = folder / f"uniform-{stages}.json"
+    CostProfile.uniform(stages).save(path)
+    return f"pipeline.profile={path}"
 
 
 @contextlib.contextmanager

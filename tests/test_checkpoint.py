@@ -12,7 +12,7 @@ import pytest
 
 from adapipe_cli.cli.main import main
 from adapipe_cli import checkpoint
-from conftest import TINY
+from conftest import TINY, fixed_clock
 from procs import check_resumed_from, cli, cut_at, verifies
 
 MIXED = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,4],[async,6],[sync,3],[async,null]]",
@@ -26,17 +26,6 @@ def records(run_dir):
 
 def run(run_dir, *overrides):
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
-
-
-def fixed_clock(folder, stages: int) -> str:
-    """``pipeline.profile=`` a uniform cost profile saved in ``folder``, for a run whose test does
-    not check a measured one: the run measures none (a second of a tiny run on 2 busy cores). The
-    shared finished run and the resumed MIXED runs measure theirs (a resume reuses it)."""
-    from adapipe_cli.simulator.clock import CostProfile
-
-    path = folder / f"uniform-{stages}.json"
-    CostProfile.uniform(stages).save(path)
-    return f"pipeline.profile={path}"
 
 
 @pytest.fixture(scope="module")

@@ -109,18 +109,19 @@ def test_dist_checkpoints_equal_the_local_runs_numbers(tmp_path, capsys):
     every stage; a checkpoint of one runtime is refused by the other in one line."""
     # two stages (two workers: half the processes of 4 on 2 busy cores); 4 stages: the resume tests.
     # A given profile: neither run measures one (the dist resume tests' run does)
-    args = ["schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=8",
-            "train.checkpoint_every=4", f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
+    # (4 steps, a checkpoint after step 2 and one at the end, as 8 steps with one after step 4 had)
+    args = ["schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=4",
+            "train.checkpoint_every=2", f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
     assert run(tmp_path / "local", *args) == 0
     assert run(tmp_path / "dist", *args, *DIST) == 0
     assert records(tmp_path / "dist") == records(tmp_path / "local")
     folder = checkpoint.complete(tmp_path / "dist")[-1]
     manifest = checkpoint.verify(folder)
     assert set(manifest["parts"]) == {"trainer", "stage-0", "stage-1"}
-    assert manifest["runtime"] == "dist" and manifest["step"] == 8
+    assert manifest["runtime"] == "dist" and manifest["step"] == 4
     for s in range(2):
         part = torch.load(folder / f"stage-{s}.pt", weights_only=False)
-        assert part["step"] == 8 and part["executor"]["stage"] == s
+        assert part["step"] == 4 and part["executor"]["stage"] == s
     assert not list((tmp_path / "dist" / "checkpoints").glob(".tmp-*"))
     for d, other in (("local", "dist"), ("dist", "local")):
         capsys.readouterr()
@@ -153,7 +154,10 @@ def test_dist_interleaved_checkpoints_resume_the_local_runs_numbers(tmp_path):
 def test_local_resume_early_in_a_predicted_stream(tmp_path):
     """A microbatch forwarded before its stage's first update ran without weight prediction (no
     velocity yet): resumed after that update, it keeps its stashed weights (both runtimes)."""
-    args = [*CASES["pipedream-p4-m1"], "schedule.mitigation=[predict]", "train.max_steps=6",
+    # (4 steps: stage 0 forwards microbatches 1-3 before its first update; in the checkpoint after the
+    # first step all three are in flight on its stashed version-0 weights, their backwards are steps 1-3,
+    # and those updates make the final evaluation at step 4)
+    args = [*CASES["pipedream-p4-m1"], "schedule.mitigation=[predict]", "train.max_steps=4",
             "train.checkpoint_every=1", "train.keep_checkpoints=10", f"pipeline.profile={uniform_profile(tmp_path, 4)}"]
     whole = tmp_path / "whole"
     assert run(whole, *args) == 0

@@ -13,7 +13,7 @@ from adapipe_cli.model import build_full_model, build_stages, lm_loss, partition
 from adapipe_cli.runtime.profile import stage_memory
 from adapipe_cli.schedules import ASYNC, SYNC
 from adapipe_cli.optim import StageOptimizer, lr_factor
-from conftest import TINY
+from conftest import TINY, fixed_clock
 from procs import cut_at
 from helpers import GCFG, B, local_runtime, make_data, optim_cfg, run_losses, sched_cfg
 
@@ -44,7 +44,7 @@ def fp32_run(tmp_path_factory):
     its final checkpoint kept, and its step records, read before any test resumes it."""
     if not _fp32_run:
         d = tmp_path_factory.mktemp("precision") / "fp32"
-        assert run(d, *FP32, "train.precision=fp32") == 0
+        assert run(d, *FP32, "train.precision=fp32", fixed_clock(d.parent, 2)) == 0  # (its profile.json: that clock)
         _fp32_run.update(dir=d, steps=records(d))
     return _fp32_run["dir"], _fp32_run["steps"]
 
@@ -80,7 +80,7 @@ def test_bf16_pipeline_equals_single_process_bf16_autocast():
 
 
 def test_bf16_losses_stay_within_tolerance_of_fp32_over_20_steps(tmp_path, tmp_path_factory):
-    assert run(tmp_path / "bf16", *FP32, "train.precision=bf16") == 0
+    assert run(tmp_path / "bf16", *FP32, "train.precision=bf16", fixed_clock(tmp_path, 2)) == 0
     f = [r["loss"] for r in fp32_run(tmp_path_factory)[1]]
     b = [r["loss"] for r in records(tmp_path / "bf16")]
     summary = json.loads((tmp_path / "bf16" / "summary.json").read_text())
@@ -121,7 +121,10 @@ def test_bf16_checkpoint_resumes_exactly(tmp_path):
     mixed = ["schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,3],[async,null]]", *PIPE,
              "schedule.mitigation=[predict]", "train.precision=bf16"]
     whole = tmp_path / "whole"
-    assert run(whole, *mixed, "train.max_steps=8", "train.checkpoint_every=4", "train.keep_checkpoints=4") == 0
+    # (6 steps: cut after step 4, in the async stream, with steps in flight across the cut; the resume
+    # runs on the same clock: the run's profile.json)
+    assert run(whole, *mixed, "train.max_steps=6", "train.checkpoint_every=4", "train.keep_checkpoints=4",
+               fixed_clock(tmp_path, 2)) == 0
     cut = cut_at(whole, tmp_path / "cut", 4)  # as if stopped right after that step
     assert main(["train", f"train.resume={cut}"]) == 0
     assert records(cut, "step") == records(whole, "step") and records(cut, "eval") == records(whole, "eval")

@@ -11,7 +11,7 @@ import pytest
 
 from adapipe_cli.cli.main import main
 from adapipe_cli.train.loop import train
-from conftest import TINY, drawn_plots
+from conftest import TINY, built_not_drawn, drawn_plots, fixed_clock
 
 STEP_KEYS = {"step", "phase", "loss", "lr", "tokens", "time_s", "wall_s", "staleness", "bubble"}
 EVAL_KEYS = {"step", "val_loss", "val_ppl", "time_s", "wall_s"}
@@ -23,15 +23,12 @@ def read(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def fixed_clock(folder, stages: int = 4) -> str:
-    """``pipeline.profile=`` a uniform cost profile saved in ``folder``, for a run whose test does
-    not check a measured one: the run measures none (a second of a tiny run on 2 busy cores). The
-    runs that check their measured profile (outputs, determinism) measure it."""
-    from adapipe_cli.simulator.clock import CostProfile
-
-    path = folder / f"uniform-{stages}.json"
-    CostProfile.uniform(stages).save(path)
-    return f"pipeline.profile={path}"
+@pytest.fixture(scope="module")
+def uniform_clock(tmp_path_factory) -> str:
+    """``fixed_clock`` of 4 stages in a folder of this module's: one override for the tests (and
+    cases) that take it, so their overrides are the same, composed once (tests/conftest.py keeps a
+    compose per overrides: 0.4 s on 2 busy cores)."""
+    return fixed_clock(tmp_path_factory.mktemp("clock"))
 
 
 @pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
@@ -57,11 +54,27 @@ def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
 
 
 def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
-    with drawn_plots():  # (only this run's are checked: the others' are not drawn)
-        a = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream"), tmp_path / "a")
+    from adapipe_cli.train import summary
+
+    run = ("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream")
+    # (only this run's phases.png is checked: drawn and written; its curves.png, which
+    # test_synthetic_loss_goes_down_and_outputs_are_written checks, and the others' plots are not drawn)
+    with drawn_plots(), pytest.MonkeyPatch.context() as m:
+        m.setattr(summary, "plot_curves", built_not_drawn(summary.plot_curves))
+        a = train(make_cfg(*run), tmp_path / "a")
     assert (tmp_path / "a" / "phases.png").stat().st_size > 0  # one phase, shaded: every run writes it
-    a_profile = f"pipeline.profile={tmp_path / 'a' / 'profile.json'}"
-    b = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", a_profile), tmp_path / "b")
+
+    def on_a_clock(cfg, **keys):
+        """``cfg`` with ``pipeline.profile=`` a's profile and ``keys`` set as a Hydra override sets
+        them (OmegaConf.update): the run's overrides composed once (tests/conftest.py keeps a
+        compose per overrides, 0.4 s on 2 busy cores; a's path is this test's own)."""
+        from omegaconf import OmegaConf
+
+        for key, value in {"pipeline.profile": str(tmp_path / "a" / "profile.json"), **keys}.items():
+            OmegaConf.update(cfg, key, value, merge=True)
+        return cfg
+
+    b = train(on_a_clock(make_cfg(*run)), tmp_path / "b")
 
     def strip(recs):
         return [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
@@ -69,7 +82,7 @@ def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
     assert strip(read(tmp_path / "a")) == strip(read(tmp_path / "b"))
     assert a["time_s"] == b["time_s"]
     # another seed (on a's clock: no profile of its own to measure, and the losses do not depend on it)
-    c = train(make_cfg("train.max_steps=8", "pipeline.stages=2", "schedule=pipedream", "seed=1", a_profile), tmp_path / "c")
+    c = train(on_a_clock(make_cfg(*run), seed=1), tmp_path / "c")
     assert c["final_val_loss"] != a["final_val_loss"]
 
 
@@ -235,9 +248,14 @@ def _through_the_cli(case):
     return pytest.param(overrides, message, id=message[:30], marks=(*getattr(case, "marks", ()), *([pytest.mark.slow] if slow else [])))
 
 
+# refused after the run's runtime is built: given a profile, it measures none (0.7 s on 2 busy cores)
+AFTER_THE_RUNTIME = {"heuristic.start='soon'"}
+
+
 @pytest.mark.parametrize("overrides,message", [_through_the_cli(b) for b in BAD])
-def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
-    assert main(["train", *TINY, *overrides, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, uniform_clock):
+    clock = [uniform_clock] if message in AFTER_THE_RUNTIME else []
+    assert main(["train", *TINY, *overrides, *clock, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
     assert not (tmp_path / "run").exists()  # rejected before anything is written
@@ -347,10 +365,10 @@ def test_the_command_line_and_the_checks_import_torch_only_where_they_need_it():
 
 
 @pytest.mark.parametrize("mode", ["offline", "disabled"])
-def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch):
+def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch, uniform_clock):
     monkeypatch.setenv("WANDB_MODE", mode)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    s = train(make_cfg("logger=wandb", "train.max_steps=3", fixed_clock(tmp_path)), tmp_path / "run")
+    s = train(make_cfg("logger=wandb", "train.max_steps=3", uniform_clock), tmp_path / "run")  # (one compose for both modes)
     assert s["steps"] == 3 and (tmp_path / "run" / "summary.json").is_file()
     if mode == "offline":  # the offline run holds the logged history, ready for `wandb sync`
         runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))

@@ -13,7 +13,10 @@ from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.train import build
 from adapipe_cli.train.loop import train
 
-START, LEG, VERDICT = 9, 6, 18  # the probe of async: its first step, its steps, the step decided with its undo
+# the probe of async: its first step, its steps, the step decided with its undo (with 4 stages and 2
+# microbatches the decision lag is 4: the probe is decided after step 2, its undo after step 8, its
+# last; few steps, each ~0.1 s of the tests' time on 2 busy cores)
+START, LEG, VERDICT = 6, 3, 12
 
 
 class Scripted(Heuristic):
@@ -24,7 +27,7 @@ class Scripted(Heuristic):
 
     def __init__(self, ctx):
         super().__init__(None, ctx)
-        self.tentative, self.undone, self.rewound, self.asked = False, False, [], []
+        self.tentative, self.undone, self.rewound, self.asked, self.observed = False, False, [], [], []
 
     def decide(self, step: int) -> Decision:
         self.asked.append(step)
@@ -41,6 +44,9 @@ class Scripted(Heuristic):
     def rewind(self, step: int) -> None:
         self.rewound.append(step)
 
+    def observe(self, obs) -> None:
+        self.observed.append(obs)
+
 
 def records(run_dir) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -55,9 +61,9 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     profile = tmp_path / "uniform.json"  # a fixed clock
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
     # (the training loss as the signal: the held-out one's forward is on the clock, which ZB-H1's is not;
-    # 20 steps: the probe's undo is decided after step 14, evaluations at 5 before the state it goes
-    # back to and at 10, 15 and 20 after it)
-    common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=20", "train.eval_every=5",
+    # 14 steps: the probe's undo is decided after step 8, evaluations at 2 before the state it goes
+    # back to (step 3) and at 4, 6, ... 14 after it)
+    common = ["pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=14", "train.eval_every=2",
               "pipeline.clock=profiled", f"pipeline.profile={profile}", "heuristic.signal=train"]
     if runtime == "dist":
         common += ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
@@ -82,7 +88,7 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     assert ev["reason"] == "lost" and ev["E"] == 0.1  # the verdict, with its estimates
     assert ev["step"] == START and restored == START - lag + 1
     assert h.rewound == [restored - 1] and h.asked.count(START) == 2  # the probe's first step decided again
-    assert [r["step"] for r in steps] == list(range(20)) and all(r["phase"] == SYNC for r in steps)
+    assert [r["step"] for r in steps] == list(range(14)) and all(r["phase"] == SYNC for r in steps)
     assert [r["loss"] for r in steps] == [r["loss"] for r in zsteps]
     evals = [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
     assert evals == [(r["step"], r["val_loss"]) for r in zrecs if r["kind"] == "eval"]
@@ -91,14 +97,22 @@ def test_an_undone_probe_leaves_the_sync_schedules_numbers(runtime, make_cfg, tm
     assert lost > LEG * 0.01  # at least the probe's async steps
     for r, z in zip(steps, zsteps):
         assert r["time_s"] == pytest.approx(z["time_s"] + (lost if r["step"] >= restored else 0.0), rel=1e-9)
+    # the heuristic observes each kept step's own time, ZB-H1's: the lost time is on the clock before
+    # the restored step (the clock it starts from holds it), not in that step's time
+    seen = {o.step: o for o in h.observed}  # (the last observation of each step: the kept run's)
+    assert sorted(seen) == list(range(14))
+    ztimes = [0.0, *(z["time_s"] for z in zsteps)]
+    for k, o in seen.items():
+        assert o.step_time == pytest.approx(ztimes[k + 1] - ztimes[k], rel=1e-9), k
+        assert o.time_s == pytest.approx(steps[k]["time_s"], rel=1e-9)
     assert s["undone_probes"] == 1 and s["undone_time_s"] == pytest.approx(lost)
-    assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 20
+    assert s["time_s"] == pytest.approx(ref["time_s"] + lost) and s["steps"] == 14
     # the undone stretch's time counts in the phases it was spent in: the probe's async steps in
     # async (none of them kept), the sync steps around them in sync
     by = ev["lost_by_phase"]
     assert sum(by.values()) == pytest.approx(lost) and by["async"] > LEG * 0.01 and by["sync"] > 0
     assert s["phases"]["async"] == {"steps": 0, "time_s": pytest.approx(by["async"])}
-    assert s["phases"]["sync"] == {"steps": 20, "time_s": pytest.approx(ref["time_s"] + by["sync"])}
+    assert s["phases"]["sync"] == {"steps": 14, "time_s": pytest.approx(ref["time_s"] + by["sync"])}
     assert s["async_fraction"] == pytest.approx(by["async"] / s["time_s"])
 
 
@@ -114,13 +128,13 @@ def test_an_undo_without_a_kept_state_keeps_the_probe(make_cfg, tmp_path, monkey
     profile = tmp_path / "uniform.json"
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
     monkeypatch.setattr(build, "make_heuristic", lambda cfg, choice, ctx: Untentative(ctx))
-    s = train(make_cfg("pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=20", f"pipeline.profile={profile}",
+    s = train(make_cfg("pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=14", f"pipeline.profile={profile}",
                        "schedule=adapipe", "heuristic=gain", "heuristic.undo_probes=true"), tmp_path / "run")
     recs = records(tmp_path / "run")
     (ev,) = [r for r in recs if r.get("event") == "undo_missed"]
     assert ev["probe_start"] == START and s["undone_probes"] == 0
     phases = [r["phase"] for r in recs if r["kind"] == "step"]
-    assert phases[START:START + LEG] == [ASYNC] * LEG and len(phases) == 20  # (the undo comes with step 18's phase)
+    assert phases[START:START + LEG] == [ASYNC] * LEG and len(phases) == 14  # (the undo comes with step 12's phase)
 
 
 class Resumable(Scripted):
@@ -142,24 +156,37 @@ def test_a_checkpoint_due_in_a_tentative_probe_waits_and_the_run_resumes_exactly
     from conftest import TINY
     from procs import cut_at
 
+    from adapipe_cli.train import loop
+
     profile = tmp_path / "uniform.json"
     CostProfile.uniform(4, forward=0.01, backward=0.02, update=0.001).save(profile)
     monkeypatch.setattr(build, "make_heuristic", lambda cfg, choice, ctx: Resumable(ctx))
+    # every checkpoint written: its step, and whether a tentative probe was open then (decided, under
+    # way or to be undone: the replay after the undo writes the same steps again, so the files alone
+    # would not show one written inside the probe)
+    writes, real_save = [], loop.Trainer.save_checkpoint
+
+    def save_checkpoint(self):
+        writes.append((self.st.steps, (self.probe_from, self.probe_point, self.undo_from) != (None, None, None)))
+        return real_save(self)
+
+    monkeypatch.setattr(loop.Trainer, "save_checkpoint", save_checkpoint)
     whole = tmp_path / "whole"
-    # (19 steps: the undo is decided with step 18's phase; a checkpoint due before the probe, one inside
-    # it and one after its undo)
-    args = [*TINY, "pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=19", "train.checkpoint_every=6",
+    # (13 steps: the undo is decided with step 12's phase; a checkpoint due when the probe is decided,
+    # two inside it and one after its undo)
+    args = [*TINY, "pipeline.stages=4", "pipeline.microbatches=2", "train.max_steps=13", "train.checkpoint_every=3",
             "train.keep_checkpoints=10", f"pipeline.profile={profile}", "schedule=adapipe", "heuristic=gain",
             "heuristic.undo_probes=true"]
     assert main(["train", *args, f"hydra.run.dir={whole}"]) == 0
     recs = records(whole)
     (ev,) = [r for r in recs if r.get("event") == "undo"]
-    # step 6's checkpoint fell due when the probe was decided and was written by the undo, step
-    # 12's fell inside the probe and was written in the replay
-    assert ev["restored_step"] == 6 and START < 12 < VERDICT
-    assert [f.name for f in checkpoint.complete(whole)] == [f"step-{s:07d}" for s in (6, 12, 18)]
+    # step 3's checkpoint fell due when the probe was decided and was written by the undo, step 6's
+    # and 9's fell inside the probe (9's as its last step ran) and were written in the replay
+    assert ev["restored_step"] == 3 and START <= 6 < 9 == START + LEG < VERDICT
+    assert [f.name for f in checkpoint.complete(whole)] == [f"step-{s:07d}" for s in (3, 6, 9, 12)]
+    assert writes == [(3, False), (6, False), (9, False), (12, False)]  # each once, none while the probe was open
     strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
-    for stop in (6, 12):
+    for stop in (3, 6):
         cut = cut_at(whole, tmp_path / f"cut{stop}", stop)
         assert main(["train", f"train.resume={cut}"]) == 0
         assert strip(records(cut)) == strip(recs)

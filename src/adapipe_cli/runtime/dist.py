@@ -74,14 +74,15 @@ def worker_context():
     torch and the worker's modules imported once in the server, else ``spawn``. Both start workers
     from a clean single-threaded process, never by forking the driver (whose threads and torch
     state a fork would copy); the forkserver saves each worker the seconds of importing torch
-    (and torch._dynamo, which optimizers import). Each worker takes the driver's environment of
+    (and torch._dynamo, which optimizers import, and torch's pipelining helpers, which the
+    profile and a split backward import). Each worker takes the driver's environment of
     the moment it starts, not the server's."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     os.environ[DRIVER_PID] = str(os.getpid())  # read by forkserver_init in the server this context starts
-    ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo", "adapipe_cli.runtime.launch",
-                                "adapipe_cli.data"])
+    ctx.set_forkserver_preload(["adapipe_cli.runtime.forkserver_init", "torch", "torch.distributed", "torch._dynamo",
+                                "torch.distributed.pipelining._backward", "adapipe_cli.runtime.launch", "adapipe_cli.data"])
     return ctx
 
 

@@ -337,6 +337,8 @@ def test_a_refused_run_removes_the_folders_it_made_and_only_those(capsys, tmp_pa
 
 
 def test_wandb_without_an_api_key_says_how_to_log_in(capsys, tmp_path, monkeypatch):
+    if "wandb" in sys.modules:  # wandb keeps the settings an earlier test's run read (offline mode) until torn down
+        sys.modules["wandb"].teardown()
     for var in ("WANDB_MODE", "WANDB_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc, no wandb settings

@@ -178,6 +178,44 @@ def test_trend_corrected_fit_recovers_the_phase_rates():
     assert fit_rates(["sync"] * 10, losses[:10], dx[:10]) is None
 
 
+@pytest.mark.parametrize("trend", ["exp", "linear"])
+def test_the_fit_takes_the_trend_of_least_error_over_the_whole_grid(trend):
+    """The trend's parameter is the grid point whose least-squares fit has the least squared error
+    (the estimator pre-selects a few points from fits of the whole grid solved at once): the
+    rates and jumps of the exhaustive fit below, point by point, on random windows of every shape."""
+    from adapipe_cli.adaptive.estimate import TRENDS
+
+    def exhaustive(phases, losses, dx):
+        a = np.array([p == "async" for p in phases], dtype=float)
+        d, y = np.asarray(dx), np.asarray(losses)
+        x = np.cumsum(d)
+        span = x[-1]
+        jumps = [(np.arange(len(y)) >= k).astype(float) for k in range(1, len(y)) if phases[k] != phases[k - 1]]
+        grid, g = TRENDS[trend]
+        best = None
+        for b in grid:
+            w = d * g(b, (x - span) / span) / span
+            design = np.column_stack([np.ones(len(y)), -np.cumsum(w * (1 - a)), -np.cumsum(w * a), *jumps])
+            coef = np.linalg.lstsq(design, y, rcond=None)[0]
+            sse = float(np.sum((y - design @ coef) ** 2))
+            if best is None or sse < best[0]:
+                best = (sse, coef)
+        coef = best[1]
+        return coef[1] / span, coef[2] / span, tuple(coef[3:])
+
+    rng = np.random.default_rng(3)
+    for _ in range(15):
+        n, blocks = int(rng.integers(12, 80)), int(rng.integers(2, 6))
+        phases = [("sync", "async")[i * blocks // n % 2] for i in range(n)]
+        scale = 10 ** rng.uniform(-3, 0)
+        losses = list(5 - scale * np.cumsum(rng.uniform(0.3, 1.5, n)) + scale * rng.standard_normal(n))
+        dx = list(rng.uniform(0.1, 2.0, n))
+        r = fit_rates(phases, losses, dx, min_each=1, transients=True, trend=trend)
+        sync, async_, jumps = exhaustive(phases, losses, dx)
+        assert (r.sync, r.async_) == (pytest.approx(sync, rel=1e-9), pytest.approx(async_, rel=1e-9))
+        assert r.jumps == pytest.approx(jumps, rel=1e-9, abs=1e-12)
+
+
 # 200 windows (its band is for that many): slow (make test-all). The trend-corrected fit without
 # transients stays fast above, the standard errors' calibration with transients (as the heuristics
 # fit) in the A/A tests below.

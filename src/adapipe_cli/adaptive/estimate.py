@@ -123,7 +123,7 @@ def fit_rates(phases: list[str], losses: list[float], dx: list[float], min_each:
     # the trend's parameter: the grid's least squared error (the first, on a tie). The fits of the
     # whole grid at once (QR, stacked) pick the few candidates that the exact fit then compares: the
     # same choice as fitting every point exactly (their errors differ by far less than the grid's
-    # neighbours' squared errors do), at a tenth of the cost
+    # neighbours' squared errors do), at about a quarter of the cost
     for i in _closest_candidates(grid, g, u, d / span, is_async, steps, keep, y[keep]):
         fit = fit_at(grid[i])
         if best is None or fit[0] < best[0]:
@@ -151,8 +151,8 @@ CANDIDATES = 5  # the grid points fitted exactly (fit_rates)
 def _closest_candidates(grid: np.ndarray, g, u: np.ndarray, dw: np.ndarray, is_async: np.ndarray,
                         steps: list[np.ndarray], keep: np.ndarray, yk: np.ndarray) -> list[int]:
     """The indices, in grid order, of the :data:`CANDIDATES` grid points whose least-squares fits
-    have the smallest squared errors, all fits solved at once (a stacked QR); every index where the
-    stacked fits are not all finite (a rank-deficient design), so that the exact fits decide."""
+    have the smallest squared errors, all fits solved at once (a stacked QR); every index where a
+    stacked fit is (near) rank-deficient or not finite, so that the exact fits decide."""
     w = dw[None, :] * g(grid[:, None], u[None, :])  # (grid, n)
     cols = [np.broadcast_to(np.ones(len(u)), w.shape), -np.cumsum(w * (1 - is_async), axis=1),
             -np.cumsum(w * is_async, axis=1), *(np.broadcast_to(s, w.shape) for s in steps)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from omegaconf import OmegaConf
 
@@ -15,6 +17,13 @@ from adapipe_cli.optim import StageOptimizer
 
 V, T, B = 64, 16, 8
 GCFG = GPTConfig(vocab_size=V, block_size=T, n_layer=4, d_model=32, n_head=2)
+
+
+def one_block_per_stage(n: int, gcfg: GPTConfig = GCFG) -> GPTConfig:
+    """``gcfg`` with ``n`` blocks, one per (virtual) stage: where what a test checks does not depend
+    on a stage's number of blocks (what it holds, its versions, its numbers against a reference of
+    the same stages), a step through fewer blocks costs less."""
+    return dataclasses.replace(gcfg, n_layer=n)
 
 
 def make_data(steps: int, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

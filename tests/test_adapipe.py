@@ -127,12 +127,11 @@ def test_heuristics_switch_and_reach_the_target(heuristic, extra, make_cfg, tmp_
 
 
 def test_fixed_plan_through_train(make_cfg, tmp_path):
-    from adapipe_cli.simulator.clock import CostProfile
+    from conftest import fixed_clock
 
-    profile = tmp_path / "uniform.json"  # (the plan's phases do not depend on the clock: none is measured)
-    CostProfile.uniform(2).save(profile)
+    # (the plan's phases do not depend on the clock: none is measured)
     s = train(make_cfg("schedule=adapipe", "heuristic=fixed", "heuristic.plan=[[sync,5],[async,null]]",
-                       "pipeline.stages=2", "pipeline.microbatches=2", f"pipeline.profile={profile}"), tmp_path / "run")
+                       "pipeline.stages=2", "pipeline.microbatches=2", fixed_clock(tmp_path, 2)), tmp_path / "run")
     assert s["phases"]["sync"]["steps"] == 5 and s["phases"]["async"]["steps"] == 7 and s["switches"] == 1
 
 

@@ -15,19 +15,15 @@ from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli import checkpoint
 from adapipe_cli.train.loop import train
 from adapipe_cli.optim import StageOptimizer, is_hidden_matrix
-from conftest import TINY
+from conftest import TINY, fixed_clock
 from helpers import GCFG, optim_cfg, sched_cfg
 
 
 @pytest.fixture(scope="module")
-def uniform_profile(tmp_path_factory):
+def uniform_clock(tmp_path_factory) -> str:
     """A cost profile of two stages given to the runs (pipeline.profile), so that none measures its
     own at start-up (up to a third of a short run; runs that measure theirs: test_train, test_profile)."""
-    from adapipe_cli.simulator.clock import CostProfile
-
-    path = tmp_path_factory.mktemp("profile") / "uniform2.json"
-    CostProfile.uniform(2).save(path)
-    return path
+    return fixed_clock(tmp_path_factory.mktemp("profile"), 2)
 
 
 SCHEDULES = [["schedule=1f1b"], ["schedule=gpipe"], ["schedule=pipedream"], ["schedule=2bw"],
@@ -52,13 +48,13 @@ FAST_PAIRS = {"1f1b": "muon", "pipedream": "nadamw", "2bw": "muon", "pipedream-v
 @pytest.mark.parametrize("schedule,optim", [
     pytest.param(s, o, id=f"{_sid(s)}-{o}", marks=() if FAST_PAIRS.get(_sid(s)) == o else pytest.mark.slow)
     for s in SCHEDULES for o in ("adamw", "nadamw", "muon")])
-def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg, tmp_path, uniform_profile):
+def test_every_optimizer_trains_through_every_schedule(optim, schedule, make_cfg, tmp_path, uniform_clock):
     # one block per stage, 12 steps at lr 1e-2: each pair ends at 0.30-0.47 of the initial
     # perplexity (four blocks, 24 steps at 3e-3: 0.42-0.52) at a third of the cost; a given profile
     # (the run's start-up measurement is not what is tested)
     s = train(make_cfg(f"optim={optim}", *schedule, "pipeline.stages=2", "pipeline.microbatches=2", "model.n_layer=2",
                        "train.max_steps=12", "train.eval_every=12", "optim.lr=1e-2",
-                       f"pipeline.profile={uniform_profile}"), tmp_path)
+                       uniform_clock), tmp_path)
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evals = [r["val_ppl"] for r in recs if r["kind"] == "eval"]
     assert evals[-1] < 0.6 * evals[0], (optim, schedule, evals)
@@ -155,11 +151,11 @@ GUARDED = [*TINY, *GUARD]
 
 
 @pytest.mark.parametrize("kind", ["nan", "spike"])
-def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeypatch, tmp_path, uniform_profile, make_cfg):
+def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeypatch, tmp_path, uniform_clock, make_cfg):
     inject(monkeypatch, 9, kind)
     # (train, not the CLI: a run directory of its own per call makes Hydra compose afresh, 1-2 s;
     # the CLI's exit codes are the two tests below)
-    train(make_cfg(*GUARD, f"pipeline.profile={uniform_profile}"), tmp_path)
+    train(make_cfg(*GUARD, uniform_clock), tmp_path)
     recs = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     (ev,) = [r for r in recs if r.get("event") == "guard"]
     assert ev["step"] == 9 and ev["restored_step"] in (1, 6) and ev["lost_time_s"] > 0
@@ -180,16 +176,16 @@ def test_guard_restores_the_last_good_state_and_cools_down_in_sync(kind, monkeyp
     assert summary["phases"][SYNC]["time_s"] + summary["phases"]["async"]["time_s"] == pytest.approx(summary["time_s"])
 
 
-def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys, uniform_profile):
+def test_without_the_guard_divergence_stops_the_run(monkeypatch, tmp_path, capsys, uniform_clock):
     inject(monkeypatch, 6, "nan")
-    assert main(["train", *GUARDED, "heuristic.guard=false", f"pipeline.profile={uniform_profile}",
+    assert main(["train", *GUARDED, "heuristic.guard=false", uniform_clock,
                  f"hydra.run.dir={tmp_path}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert "training diverged at step 6" in err[-1]
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, uniform_profile, make_cfg):
+def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, uniform_clock, make_cfg):
     """Weights that went NaN while the loss still looked fine are refused at the next checkpoint;
     the checkpoints already written stay finite and loadable."""
     from adapipe_cli.runtime.errors import TrainingDiverged
@@ -207,7 +203,7 @@ def test_no_checkpoint_is_written_from_diverged_weights(monkeypatch, tmp_path, u
     # (train, not the CLI: the CLI's exit code and message for a diverged run are the test above's)
     with pytest.raises(TrainingDiverged, match="non-finite weights"):
         train(make_cfg(*GUARD, "heuristic.guard=false", "train.checkpoint_every=3", "train.keep_checkpoints=10",
-                       f"pipeline.profile={uniform_profile}"), tmp_path)
+                       uniform_clock), tmp_path)
     folders = checkpoint.complete(tmp_path)
     assert [f.name for f in folders] == ["step-0000003", "step-0000006"]
     for f in folders:

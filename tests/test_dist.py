@@ -26,7 +26,7 @@ from adapipe_cli.schedules.walk import walk
 from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
-from conftest import TINY, drawn_plots
+from conftest import TINY, drawn_plots, fixed_clock
 from procs import ENV, alive, comm, descendants, records
 
 
@@ -38,8 +38,7 @@ def local_and_dist(make_cfg, tmp_path, *overrides, drawn: bool = False, local_cl
     local_only = []
     if local_clock:
         stages = int(next(o for o in overrides if o.startswith("pipeline.stages=")).split("=")[1])
-        CostProfile.uniform(stages).save(tmp_path / "uniform.json")
-        local_only = [f"pipeline.profile={tmp_path / 'uniform.json'}"]
+        local_only = [fixed_clock(tmp_path, stages)]
     local = train(make_cfg(*overrides, *local_only), tmp_path / "local")
     with drawn_plots() if drawn else contextlib.nullcontext():
         dist = train(make_cfg(*overrides, "pipeline.runtime=dist", "pipeline.timeout_s=60"), tmp_path / "dist")
@@ -151,10 +150,9 @@ def test_early_stops_end_every_stage_at_the_same_step(make_cfg, tmp_path):
     """A stop at the target and a stop at the time limit (which evaluates the final weights
     outside the schedule) train exactly the steps the local runtime trains, although the workers
     run ahead of the driver (the last of 4 stages by two steps with one microbatch)."""
-    profile = tmp_path / "uniform.json"  # (no profile to measure: the stops and the numbers do not depend on it)
-    CostProfile.uniform(4).save(profile)
+    # (no profile to measure: the stops and the numbers do not depend on it)
     common = ("schedule=pipedream", "pipeline.stages=4", "pipeline.microbatches=1", "train.batch_size=4",
-              f"pipeline.profile={profile}")
+              fixed_clock(tmp_path, 4))
     (ls, lsteps, levals), (ds, dsteps, devals) = local_and_dist(
         make_cfg, tmp_path / "target", *common, "train.target_ppl=1000", "train.stop_at_target=true")
     assert ds["stopped"] == ls["stopped"] == "target" and ds["steps"] == ls["steps"] == 4
@@ -340,11 +338,10 @@ def workers_alive() -> list[int]:
 def test_a_failing_worker_ends_the_run(make_cfg, tmp_path, monkeypatch, kind, cause):
     """In the test's process (the CLI's exit status and single line are tested below)."""
     monkeypatch.setenv("ADAPIPE_FAULT", f"1:6:{kind}")
-    profile = tmp_path / "uniform.json"  # (given: the workers measure none before training)
-    CostProfile.uniform(3).save(profile)
+    clock = fixed_clock(tmp_path, 3)  # (given: the workers measure none before training)
     t0 = time.monotonic()
     with pytest.raises(WorkerFailed, match=rf"^stage 1 \(rank 1\) {cause}"):
-        train(make_cfg(*RUN[len(TINY):], f"pipeline.profile={profile}"), tmp_path / "run")
+        train(make_cfg(*RUN[len(TINY):], clock), tmp_path / "run")
     # ended by the failure, not by a timeout (start-up's is STARTUP_S, 120 s; a worker lost mid-run
     # would be waited for without end): start-up included, which on a busy machine took 16 s
     assert time.monotonic() - t0 < STARTUP_S / 2

@@ -20,7 +20,7 @@ import torch
 
 from adapipe_cli.cli.main import main
 from adapipe_cli import checkpoint
-from conftest import TINY
+from conftest import TINY, fixed_clock
 from procs import ENV, check_resumed_from, cli, comm, cut_at, descendants, records, verifies
 
 DIST = ["pipeline.runtime=dist", "pipeline.timeout_s=60"]
@@ -42,16 +42,6 @@ CASES = {
 
 def run(run_dir: Path, *overrides: str) -> int:
     return main(["train", *TINY, *overrides, f"hydra.run.dir={run_dir}"])
-
-
-def uniform_profile(folder: Path, stages: int) -> Path:
-    """A uniform cost profile saved in ``folder``, for runs whose test does not check a measured one
-    (measuring is a second of a tiny run on 2 busy cores)."""
-    from adapipe_cli.simulator.clock import CostProfile
-
-    path = folder / f"uniform-{stages}.json"
-    CostProfile.uniform(stages).save(path)
-    return path
 
 
 def crossing(folder: Path, stages: int) -> int:
@@ -111,7 +101,7 @@ def test_dist_checkpoints_equal_the_local_runs_numbers(tmp_path, capsys):
     # A given profile: neither run measures one (the dist resume tests' run does)
     # (4 steps, a checkpoint after step 2 and one at the end, as 8 steps with one after step 4 had)
     args = ["schedule=pipedream", "pipeline.stages=2", "pipeline.microbatches=2", "train.max_steps=4",
-            "train.checkpoint_every=2", f"pipeline.profile={uniform_profile(tmp_path, 2)}"]
+            "train.checkpoint_every=2", fixed_clock(tmp_path, 2)]
     assert run(tmp_path / "local", *args) == 0
     assert run(tmp_path / "dist", *args, *DIST) == 0
     assert records(tmp_path / "dist") == records(tmp_path / "local")
@@ -158,7 +148,7 @@ def test_local_resume_early_in_a_predicted_stream(tmp_path):
     # first step all three are in flight on its stashed version-0 weights, their backwards are steps 1-3,
     # and those updates make the final evaluation at step 4)
     args = [*CASES["pipedream-p4-m1"], "schedule.mitigation=[predict]", "train.max_steps=4",
-            "train.checkpoint_every=1", "train.keep_checkpoints=10", f"pipeline.profile={uniform_profile(tmp_path, 4)}"]
+            "train.checkpoint_every=1", "train.keep_checkpoints=10", fixed_clock(tmp_path, 4)]
     whole = tmp_path / "whole"
     assert run(whole, *args) == 0
     cut = cut_at(whole, tmp_path / "cut", 1)

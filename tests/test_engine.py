@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -13,19 +12,13 @@ from torch.func import functional_call
 from adapipe_cli.model import GPTConfig, build_full_model, build_stages, lm_loss, partition
 from adapipe_cli.schedules import ASYNC, SYNC
 from adapipe_cli.optim import StageOptimizer, lr_factor
-from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses, one_block_per_stage
 
 STEPS = 6
 
 
-def one_block_per_stage(p: int) -> GPTConfig:
-    """The tiny GPT with one block per stage (GCFG, four blocks, at depth 4): where what a test checks
-    does not depend on a stage's number of blocks (one stage against itself, the clock, a state
-    round trip, a delayed-gradient reference of the same stages), a step through fewer blocks costs
-    less. (The sync equality keeps GCFG at every depth: stages of several blocks.)"""
-    return dataclasses.replace(GCFG, n_layer=p)
-
-
+# one_block_per_stage (helpers) where what a test checks does not depend on a stage's blocks; the
+# sync equality keeps GCFG at every depth: stages of several blocks
 def reference_sync(data, m, clip, gcfg=GCFG, steps=STEPS):
     """Single-process training with gradient accumulation: W(t+1) = opt(W(t), mean_i grad_i)."""
     model = build_full_model(gcfg, seed=0)

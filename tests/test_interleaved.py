@@ -8,19 +8,12 @@ import dataclasses
 
 import pytest
 
-from adapipe_cli.model import GPTConfig
 from adapipe_cli.schedules import BACKWARD, FORWARD, SYNC, UPDATE, Plan, ScheduleError, ScheduleSpec, StageProgram
 from adapipe_cli.schedules.interleaved import interleaved_order, warmup
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.simulate import simulate
-from helpers import GCFG, local_runtime, make_data, rel_close
+from helpers import local_runtime, make_data, rel_close, one_block_per_stage
 from test_zero_bubble import STEPS, reference_of, steps_at
-
-
-def one_block_per_chunk(p: int, v: int) -> GPTConfig:
-    """The tiny GPT with p v blocks, one per chunk (the numbers of a chunk do not depend on its
-    number of blocks, and a step through fewer blocks costs less): 4 at p v = 4, 8 at p v = 8."""
-    return dataclasses.replace(GCFG, n_layer=p * v)
 
 
 # (2, 2, 4, reverse, 0.0) is slow (make test-all): the reverse walk is (4, 2, 4)'s, no clipping
@@ -33,7 +26,7 @@ def test_interleaved_equals_single_process_gradient_accumulation(p, v, m, order,
     """The model cut into p v chunks (one block each), chunk c on device c % p: the losses and
     gradient norms of single-process training with gradient accumulation, whatever the walk's
     order (with 8 microbatches over 3 steps, as test_zero_bubble's)."""
-    steps, gcfg = steps_at(p, m), one_block_per_chunk(p, v)
+    steps, gcfg = steps_at(p, m), one_block_per_stage(p * v)
     data = make_data(steps)
     ref_losses, ref_norms = reference_of(m, clip, gcfg, steps)
     rt = local_runtime(p, m, [SYNC] * steps, data, sync="interleaved", gcfg=gcfg, clip=clip, chunks=v, order=order)
@@ -48,7 +41,7 @@ def test_interleaved_equals_single_process_gradient_accumulation(p, v, m, order,
 def test_interleaved_with_tied_embeddings_across_devices(p, v):
     """The embedding on chunk 0 (device 0) and the head on chunk p v - 1 (device p - 1, not its first
     chunk to update) sum their gradients before the norm: single-process training of the tied model."""
-    tied = dataclasses.replace(one_block_per_chunk(p, v), tie_embeddings=True)
+    tied = dataclasses.replace(one_block_per_stage(p * v), tie_embeddings=True)
     data = make_data(STEPS)
     ref_losses, ref_norms = reference_of(4, 1.0, tied)
     rt = local_runtime(p, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=tied, chunks=v)
@@ -102,7 +95,7 @@ def test_the_local_runtimes_clock_is_the_simulators():
     p, v, m = 2, 2, 4
     prof = CostProfile.uniform(p * v, 0.5, 1.0, 0.0)
     sim = simulate(ScheduleSpec(p, m, "interleaved", chunks=v), Plan(3, [SYNC] * 3), prof, record=False)
-    rt = local_runtime(p, m, [SYNC] * 3, make_data(3), sync="interleaved", gcfg=one_block_per_chunk(p, v), chunks=v,
+    rt = local_runtime(p, m, [SYNC] * 3, make_data(3), sync="interleaved", gcfg=one_block_per_stage(p * v), chunks=v,
                        profile=prof)
     got = [rt.run_step(t) for t in range(3)]
     assert [r.time_s for r in got] == pytest.approx(sim.update_end)
@@ -112,7 +105,7 @@ def test_the_local_runtimes_clock_is_the_simulators():
 def test_interleaved_resumes_exactly():
     """A state taken at a step boundary and loaded into a fresh runtime continues with the numbers
     of the uninterrupted run (every device restarts its order)."""
-    data, gcfg = make_data(STEPS), one_block_per_chunk(2, 2)
+    data, gcfg = make_data(STEPS), one_block_per_stage(2 * 2)
     rt = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=gcfg, chunks=2)
     whole = [rt.run_step(t).loss for t in range(STEPS)]
     first = local_runtime(2, 4, [SYNC] * STEPS, data, sync="interleaved", gcfg=gcfg, chunks=2)

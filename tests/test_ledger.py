@@ -27,7 +27,6 @@ weights before it):
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -42,15 +41,12 @@ from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
 from adapipe_cli.simulator.simulate import min_steady_steps, simulate
 from adapipe_cli.optim import StageOptimizer
+from helpers import one_block_per_stage
 
 V, T = 32, 8
 GPT = GPTConfig(vocab_size=V, block_size=T, n_layer=6, d_model=16, n_head=2)
 
 
-def one_block_per_stage(p: int) -> GPTConfig:
-    """The tiny GPT cut into p stages of one block each: what the stages hold is counted in
-    microbatches and weight sets, whatever a stage's blocks, and a step through fewer blocks costs less."""
-    return dataclasses.replace(GPT, n_layer=p)
 P, A, O = 10.0, 3.0, 7.0  # distinct sizes, so a wrong term shows
 
 
@@ -72,7 +68,7 @@ def both(p, m, phase, sync="1f1b", weights="stash", mitigation=(), steps=None, c
     ocfg = OmegaConf.structured(OptimConfig)
     scfg = OmegaConf.structured(ScheduleConfig)
     scfg.mitigation = list(mitigation)
-    gpt = one_block_per_stage(p)
+    gpt = one_block_per_stage(p, GPT)
     stages = build_stages(gpt, partition(gpt, p), 0)
     opts = [StageOptimizer(list(st.named_parameters()), ocfg) for st in stages]
     g = torch.Generator().manual_seed(0)

@@ -14,7 +14,6 @@ Per stage ``s`` of ``p`` with ``m`` microbatches per step and ``w = p - s - 1`` 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -29,15 +28,10 @@ from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
 from adapipe_cli.simulator.simulate import min_steady_steps, simulate
 from adapipe_cli.optim import StageOptimizer
+from helpers import one_block_per_stage
 
 V, T = 32, 8
 GPT = GPTConfig(vocab_size=V, block_size=T, n_layer=6, d_model=16, n_head=2)
-
-
-def one_block_per_stage(p: int) -> GPTConfig:
-    """The tiny GPT cut into p stages of one block each: what the stages hold is counted in
-    microbatches and weight sets, whatever a stage's blocks, and a step through fewer blocks costs less."""
-    return dataclasses.replace(GPT, n_layer=p)
 
 
 def run_both(p: int, m: int, phase: str, sync: str = "1f1b", weights: str = "stash", steps: int | None = None):
@@ -47,7 +41,7 @@ def run_both(p: int, m: int, phase: str, sync: str = "1f1b", weights: str = "sta
     spec = ScheduleSpec(p, m, sync, weights)
     spec.check()
     ocfg, scfg = OmegaConf.structured(OptimConfig), OmegaConf.structured(ScheduleConfig)
-    gpt = one_block_per_stage(p)
+    gpt = one_block_per_stage(p, GPT)
     stages = build_stages(gpt, partition(gpt, p), 0)
     opts = [StageOptimizer(list(st.named_parameters()), ocfg) for st in stages]
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import pytest
 
 from adapipe_cli.cli.main import main
 from adapipe_cli.train.summary import method_label
-from conftest import TINY
+from conftest import TINY, fixed_clock
 
 
 # the config groups chosen are composed (a compose each, 0.4 s on 2 busy cores; cached, so one per
@@ -50,11 +50,8 @@ def test_adapipe_syncs_with_zbh1_by_default(make_cfg):
 
 
 def test_summary_names_the_method_and_each_phase_schedule(tmp_path):
-    from adapipe_cli.simulator.clock import CostProfile
-
-    profile = tmp_path / "uniform.json"  # (a given profile: the run measures none; the names do not depend on it)
-    CostProfile.uniform(2).save(profile)
-    assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=3", f"pipeline.profile={profile}",
+    # (a given profile: the run measures none; the names do not depend on it)
+    assert main(["train", *TINY, "pipeline.stages=2", "train.max_steps=3", fixed_clock(tmp_path, 2),
                  f"hydra.run.dir={tmp_path / 'run'}"]) == 0
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["method"] == "adapipe-goodput(zbh1/pipedream+predict)"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from adapipe_cli.cli.main import main
 from adapipe_cli.train import progress
 from adapipe_cli.train.progress import Console, Progress
-from conftest import TINY
+from conftest import TINY, fixed_clock
 
 
 class Clock:
@@ -46,13 +46,11 @@ def test_progress_off_prints_nothing_but_keeps_the_log(tmp_path, capsys):
 
 
 def test_run_log_is_what_stderr_showed(tmp_path, capsys, monkeypatch):
-    from adapipe_cli.simulator.clock import CostProfile
-
     monkeypatch.setattr(progress, "PLAIN_EVERY_S", 0.0)  # a progress line after every step
-    d, profile = tmp_path / "run", tmp_path / "uniform.json"
-    CostProfile.uniform(4).save(profile)  # (a given profile: the run measures none; what it prints is the same)
+    d = tmp_path / "run"
+    # (a given profile: the run measures none; what it prints is the same)
     assert main(["train", *TINY, "train.progress=auto", "schedule=adapipe", "heuristic=fixed",
-                 "heuristic.plan=[[sync,4],[async,null]]", f"pipeline.profile={profile}", f"hydra.run.dir={d}"]) == 0
+                 "heuristic.plan=[[sync,4],[async,null]]", fixed_clock(tmp_path), f"hydra.run.dir={d}"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert err == (d / "run.log").read_text().splitlines()
     assert err[0].startswith("adapipe: runtime=local") and err[-1].startswith("final val ppl")

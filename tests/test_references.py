@@ -9,7 +9,6 @@ differences from the local runtime are float rounding.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 from torch.func import functional_call
 
 from adapipe_cli.model import build_stages, lm_loss, partition
-from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses, sched_cfg
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses, sched_cfg, one_block_per_stage
 from version_table import PHASE, microbatch_versions
 
 LR, BETAS, EPS = 5e-3, (0.9, 0.95), 1e-8
@@ -143,12 +142,6 @@ class DelayedLoop:
         for s in range(self.p):
             self.update(s, t, grads[s])
         return sum(losses) / len(losses)
-
-
-def one_block_per_stage(p: int):
-    """The tiny GPT with one block per stage (GCFG at depth 4): the versions and the mitigations act
-    per stage, whatever its blocks, and a step through fewer blocks costs less."""
-    return dataclasses.replace(GCFG, n_layer=p)
 
 
 def reference(p, m, plan, rule, data, mitigation=(), **kw):

@@ -23,17 +23,11 @@ from adapipe_cli.schedules import Plan, ScheduleSpec
 from adapipe_cli.schedules.mitigations import UpdatePolicy
 from adapipe_cli.simulator.clock import CostProfile, LinkModel
 from conftest import TINY
-from helpers import GCFG, B, batch_fn, make_data, optim_cfg, rel_close, run_losses, sched_cfg
+from helpers import GCFG, B, batch_fn, make_data, optim_cfg, rel_close, run_losses, sched_cfg, one_block_per_stage
 from test_references import BETAS, EPS, LR, DelayedLoop
 from version_table import PHASE
 
 ADAM = dict(lr=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS, weight_decay=0.0, decay="constant", warmup_steps=0)
-
-
-def one_block_per_stage(n: int):
-    """The tiny GPT with one block per (virtual) stage (GCFG at four): replicas act per stage,
-    whatever its blocks, and a step through fewer blocks costs less."""
-    return dataclasses.replace(GCFG, n_layer=n)
 
 
 def replicated(R, p, m, phases, data, *, weights="stash", clip=0.0, ocfg=None, scfg=None, order="forward",

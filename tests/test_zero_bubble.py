@@ -4,7 +4,6 @@ forms, and the memory ledger (ZB-H1: 1F1B's first stage's peak; ZB-H2: 2p - 1 mi
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import pytest
@@ -16,16 +15,10 @@ from adapipe_cli.schedules import ASYNC, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, P
 from adapipe_cli.schedules.ledger import StageBytes
 from adapipe_cli.simulator.clock import CostProfile
 from adapipe_cli.simulator.simulate import simulate
-from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses
+from helpers import GCFG, B, local_runtime, make_data, optim_cfg, rel_close, run_losses, one_block_per_stage
 
 STEPS = 5
 DEEP = GPTConfig(**{**GCFG.__dict__, "n_layer": 8})  # eight blocks: one per stage at depth 8
-
-
-def one_block_per_stage(p: int) -> GPTConfig:
-    """The tiny GPT with one block per stage (DEEP at depth 8, GCFG at 4): a stage's numbers do not
-    depend on its number of blocks, and a step through fewer blocks costs less."""
-    return dataclasses.replace(GCFG, n_layer=p)
 
 
 def steps_at(p: int, m: int = 1) -> int:

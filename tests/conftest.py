@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,11 +30,14 @@ TINY = [
 
 def _compose_once_per_overrides() -> None:
     """Hydra composes each distinct call (overrides, config name, Hydra's node and job name, configs
-    folder, and with Hydra's node the working directory it records) once per test process: 0.3-1 s a compose on
-    2 busy cores, 121 distinct calls in the fast suite, many more calls. Each call gets its own deep
-    copy (~20-40 ms), so a test that changes its config changes no other's. With
-    ADAPIPE_TEST_COMPOSE_CHECK=1 every repeated call also composes afresh and fails unless the two
-    are equal (YAML with interpolations unresolved, struct and readonly flags, schema type)."""
+    folder, and with Hydra's node the working directory it records) once per test process: 0.3-1 s a
+    compose on 2 busy cores. Calls that differ only in value overrides (``train.max_steps=3``, not
+    ``schedule=pipedream``) share one compose of the rest, and the values are applied to a copy as
+    Hydra applies them (:func:`_with_values`): 170 composes in the fast suite became about 70. Each
+    call gets its own deep copy (~20-40 ms), so a test that changes its config changes no other's.
+    With ADAPIPE_TEST_COMPOSE_CHECK=1 every call not composed afresh also composes afresh and fails
+    unless the two are equal (YAML with interpolations unresolved, Hydra's node, struct and readonly
+    flags, schema type)."""
     import copy
 
     from omegaconf import OmegaConf
@@ -47,18 +52,82 @@ def _compose_once_per_overrides() -> None:
         return (OmegaConf.to_yaml(a) == OmegaConf.to_yaml(b) and flags(a) == flags(b)
                 and OmegaConf.get_type(a) == OmegaConf.get_type(b))
 
+    def composed(key, overrides, config_name, hydra, job_name):
+        """The config for ``key``, and whether it was composed afresh."""
+        if key in cache:
+            return copy.deepcopy(cache[key]), False
+        split = _values_apart(overrides, hydra)
+        if split is None or not split[1]:
+            cfg, new = fresh(overrides, config_name, hydra, job_name), True
+        else:
+            rest, values, parsed = split
+            cfg, new = composed((tuple(rest), *key[1:]), rest, config_name, hydra, job_name)[0], False
+            _with_values(cfg, values, parsed, hydra)
+        cache[key] = copy.deepcopy(cfg)
+        return cfg, new
+
     def compose_config(overrides, config_name="config", hydra=False, job_name="adapipe"):
         key = (tuple(overrides), config_name, hydra, job_name, str(module.conf_dir()), os.getcwd() if hydra else None)
-        if key not in cache:
-            cfg = fresh(overrides, config_name, hydra, job_name)
-            cache[key] = copy.deepcopy(cfg)
-            return cfg
-        cfg = copy.deepcopy(cache[key])
-        if check:
-            assert same(cfg, fresh(overrides, config_name, hydra, job_name)), f"a cached compose differs: {key}"
+        cfg, new = composed(key, list(overrides), config_name, hydra, job_name)
+        if check and not new:
+            assert same(cfg, fresh(list(overrides), config_name, hydra, job_name)), f"a cached compose differs: {key}"
         return cfg
 
+    compose_config.__wrapped__ = fresh  # for a test that counts Hydra's composes
     module.compose_config = compose_config
+
+
+@functools.lru_cache
+def _config_groups(root: str) -> frozenset[str]:
+    """The config groups a key could name: the configs folder's subfolders and the ConfigStore's."""
+    from hydra.core.config_store import ConfigStore
+
+    from adapipe_cli.config import register_configs
+
+    register_configs()
+    return frozenset({str(d.relative_to(root)) for d in Path(root).rglob("*") if d.is_dir()}
+                     | {k for k, v in ConfigStore.instance().repo.items() if isinstance(v, dict)})
+
+
+def _values_apart(overrides: list[str], hydra: bool):
+    """``(rest, values, parsed)``: the overrides Hydra applies as values to the composed config (a
+    key that names no config group, with no package, no sweep and no ``/``: Hydra's own groups have
+    one; without Hydra's node, no key of it), the rest in their order (composed by Hydra), and every
+    override as Hydra parses it; None where Hydra should see the whole list (it does not parse)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from adapipe_cli.config import conf_dir
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:
+        return None
+    groups = _config_groups(str(conf_dir())) | {"hydra"}
+    values, rest = [], []
+    for o in parsed:
+        key = o.key_or_group
+        if (o.package is None and not o.is_sweep_override() and "/" not in key and key not in groups
+                and (hydra or not key.startswith("hydra."))):
+            values.append(o)
+        else:
+            rest.append(o.input_line)
+    return rest, values, parsed
+
+
+def _with_values(cfg, values, parsed, hydra: bool) -> None:
+    """Apply the value overrides to ``cfg`` (composed from the rest), as Hydra's config loader
+    applies them after composing; with Hydra's node, record every override as it records them."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
+    if not hydra:
+        return
+    task = [o for o in parsed if not o.is_hydra_override()]
+    cfg.hydra.overrides.task = [o.input_line for o in task]
+    cfg.hydra.overrides.hydra = [o.input_line for o in parsed if o.is_hydra_override()]
+    dirname = cfg.hydra.job.config.override_dirname
+    cfg.hydra.job.override_dirname = get_overrides_dirname(
+        overrides=task, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys)
 
 
 _compose_once_per_overrides()

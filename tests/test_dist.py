@@ -27,6 +27,7 @@ from adapipe_cli.runtime.worker import EvalOrder
 from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Plan, ScheduleSpec, StageProgram
 from adapipe_cli.train.loop import train
 from conftest import TINY, drawn_plots, fixed_clock
+from pipelining_rank import pipelining_rank
 from procs import ENV, alive, comm, descendants, records
 
 
@@ -466,51 +467,6 @@ def test_torchrun_needs_the_dist_runtime(tmp_path):
 
 
 # -- torch.distributed.pipelining ------------------------------------------------------------------
-class _NoUpdates:
-    """The update policy of a run that stops before its first update."""
-
-    def release(self, *args) -> None:
-        pass
-
-
-def _pipelining_rank(rank: int, port: int, schedule: str, out: str) -> None:
-    """One rank: torch's schedule and adapipe's stage executor each compute step 0's gradient
-    of the same stage; both are saved for the test to compare."""
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from adapipe_cli.model import GPTConfig, build_stages, lm_loss, partition
-    from adapipe_cli.runtime.dist_transport import DistTransport, build_groups
-    from adapipe_cli.runtime.stage import StageExecutor
-    from adapipe_cli.schedules import Plan, ScheduleSpec, StageProgram
-
-    torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, is_master=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
-    p, m = 2, 4
-    cfg = GPTConfig(vocab_size=64, block_size=16, n_layer=4, d_model=32, n_head=2)
-    seq = torch.randint(0, 64, (8, 17), generator=torch.Generator().manual_seed(0))
-    x, y = seq[:, :-1], seq[:, 1:]
-
-    module = build_stages(cfg, partition(cfg, p), seed=0)[rank]
-    cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-    sched = cls(PipelineStage(module, rank, p, torch.device("cpu")), n_microbatches=m, loss_fn=lm_loss)
-    sched.step(x) if rank == 0 else sched.step(target=y)
-    theirs = [q.grad.clone() for q in module.parameters()]
-
-    module = build_stages(cfg, partition(cfg, p), seed=0)[rank]
-    plan = Plan(1, ["sync"])
-    program = StageProgram(rank, ScheduleSpec(p, m, schedule), plan)
-    transport = DistTransport(rank, p, build_groups(p, False), lambda c, k: (2, 16, 32), torch.device("cpu"))
-    ex = StageExecutor(rank, p, m, module, None, transport, lambda t, i: (x[2 * i:2 * i + 2], y[2 * i:2 * i + 2]),
-                       _NoUpdates(), program)
-    while program.peek().kind != "U":
-        ex.run(program.pop())
-    torch.save({"theirs": theirs, "ours": ex.grads[0]}, f"{out}/rank{rank}.pt")
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 @pytest.mark.parametrize("schedule", ["1f1b", pytest.param("gpipe", marks=pytest.mark.slow)])
 def test_sync_gradients_equal_torch_pipelining(tmp_path, schedule):
     import torch.distributed as dist
@@ -519,7 +475,7 @@ def test_sync_gradients_equal_torch_pipelining(tmp_path, schedule):
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = worker_context()
-    procs = [ctx.Process(target=_pipelining_rank, args=(r, store.port, schedule, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=pipelining_rank, args=(r, store.port, schedule, str(tmp_path))) for r in range(2)]
     for proc in procs:
         proc.start()
     for proc in procs:

@@ -28,7 +28,7 @@ from adapipe_cli.runtime.stage import StageExecutor
 from adapipe_cli.runtime.transport import LocalTransport
 from adapipe_cli.schedules.walk import walk
 from adapipe_cli.schedules import SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
-from test_dist import _NoUpdates
+from pipelining_rank import NoUpdates
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=4, d_model=32, n_head=2)
 ROWS = 8
@@ -108,7 +108,7 @@ def our_gradients(sync: str, p: int, v: int, m: int) -> dict[int, list[torch.Ten
     transport, plan = LocalTransport(), Plan(1, [SYNC])
     programs = [StageProgram(s, spec, plan) for s in range(n)]
     exs = [StageExecutor(s, n, m, modules[s], None, transport, lambda t, i: (x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows]),
-                         _NoUpdates(), programs[s]) for s in range(n)]
+                         NoUpdates(), programs[s]) for s in range(n)]
 
     def execute(s, a):
         exs[s].run(a)

@@ -120,6 +120,9 @@ def test_a_single_run_composes_once_and_writes_what_hydra_main_writes(tmp_path, 
     import yaml
     from hydra._internal.config_loader_impl import ConfigLoaderImpl
 
+    from adapipe_cli.cli import compose
+
+    monkeypatch.setattr(compose, "compose_config", compose.compose_config.__wrapped__)  # not the tests' cache
     calls, real = [], ConfigLoaderImpl.load_configuration
     monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
     out, clock = tmp_path / "run", fixed_clock(tmp_path)

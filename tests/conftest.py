@@ -32,99 +32,139 @@ def _compose_once_per_overrides() -> None:
     """Hydra composes each distinct call (overrides, config name, Hydra's node and job name, configs
     folder, and with Hydra's node the working directory it records) once per test process: 0.3-1 s a
     compose on 2 busy cores. Calls that differ only in value overrides (``train.max_steps=3``, not
-    ``schedule=pipedream``) share one compose of the rest, and the values are applied to a copy as
-    Hydra applies them (:func:`_with_values`): 170 composes in the fast suite became about 70. Each
-    call gets its own deep copy (~20-40 ms), so a test that changes its config changes no other's.
-    With ADAPIPE_TEST_COMPOSE_CHECK=1 every call not composed afresh also composes afresh and fails
-    unless the two are equal (YAML with interpolations unresolved, Hydra's node, struct and readonly
-    flags, schema type)."""
+    ``schedule=pipedream``) share one compose of their group overrides, and the values are applied
+    to a copy as Hydra's config loader applies them (:func:`_values_apart`, :func:`_with_values`):
+    170 fresh composes in the fast suite became 64. Each call gets its own deep copy (~10-40 ms), so
+    a test that changes its config changes no other's. With ADAPIPE_TEST_COMPOSE_CHECK=1 every call
+    not composed afresh also composes afresh and fails unless the two are equal (YAML with
+    interpolations unresolved, Hydra's node, each node's struct and readonly flags and schema type)
+    or, where the call raised, Hydra's compose raises the same exception (type, message, cause)."""
     import copy
-
-    from omegaconf import OmegaConf
 
     from adapipe_cli.cli import compose as module
 
     fresh, cache = module.compose_config, {}
     check = os.environ.get("ADAPIPE_TEST_COMPOSE_CHECK") == "1"
 
-    def same(a, b) -> bool:
-        flags = lambda c: [(k, c._get_flag(k)) for k in ("struct", "readonly")]  # noqa: E731
-        return (OmegaConf.to_yaml(a) == OmegaConf.to_yaml(b) and flags(a) == flags(b)
-                and OmegaConf.get_type(a) == OmegaConf.get_type(b))
-
     def composed(key, overrides, config_name, hydra, job_name):
         """The config for ``key``, and whether it was composed afresh."""
         if key in cache:
             return copy.deepcopy(cache[key]), False
-        split = _values_apart(overrides, hydra)
+        split = _values_apart(overrides, hydra, key[4])
         if split is None or not split[1]:
             cfg, new = fresh(overrides, config_name, hydra, job_name), True
         else:
             rest, values, parsed = split
             cfg, new = composed((tuple(rest), *key[1:]), rest, config_name, hydra, job_name)[0], False
-            _with_values(cfg, values, parsed, hydra)
+            _with_values(cfg, values, parsed, len(rest), hydra)
         cache[key] = copy.deepcopy(cfg)
         return cfg, new
 
     def compose_config(overrides, config_name="config", hydra=False, job_name="adapipe"):
         key = (tuple(overrides), config_name, hydra, job_name, str(module.conf_dir()), os.getcwd() if hydra else None)
-        cfg, new = composed(key, list(overrides), config_name, hydra, job_name)
+        try:
+            cfg, new = composed(key, list(overrides), config_name, hydra, job_name)
+        except Exception as e:
+            if check:
+                try:
+                    fresh(list(overrides), config_name, hydra, job_name)
+                except Exception as f:
+                    assert _said(f) == _said(e), f"a shared compose raised otherwise than Hydra's: {key}"
+                else:
+                    raise AssertionError(f"a shared compose raised where Hydra's does not: {key}") from e
+            raise
         if check and not new:
-            assert same(cfg, fresh(list(overrides), config_name, hydra, job_name)), f"a cached compose differs: {key}"
+            assert _same(cfg, fresh(list(overrides), config_name, hydra, job_name)), f"a cached compose differs: {key}"
         return cfg
 
     compose_config.__wrapped__ = fresh  # for a test that counts Hydra's composes
     module.compose_config = compose_config
 
 
+def _said(e: BaseException) -> tuple:
+    """An exception as a check compares it: its type and message, and its cause's."""
+    return type(e), str(e), type(e.__cause__), str(e.__cause__)
+
+
+def _same(a, b) -> bool:
+    """Two configs equal as YAML (interpolations unresolved) and in every node's own struct and
+    readonly flags and schema type."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    def shape(c, path: str = "") -> list:
+        out = [(path, c._get_node_flag("struct"), c._get_node_flag("readonly"),
+                OmegaConf.get_type(c) if isinstance(c, DictConfig) else list)]
+        content = c._content
+        items = content.items() if isinstance(content, dict) else enumerate(content) if isinstance(content, list) else ()
+        for k, node in items:
+            if isinstance(node, (DictConfig, ListConfig)):
+                out += shape(node, f"{path}.{k}")
+        return out
+
+    return OmegaConf.to_yaml(a) == OmegaConf.to_yaml(b) and shape(a) == shape(b)
+
+
+# keys of Hydra's node that a call with it may give as values: Hydra's loader derives nothing from
+# them after applying the overrides (it rewrites hydra.overrides, hydra.runtime and hydra.job, and
+# reads hydra.searchpath before composing)
+HYDRA_VALUES = ("hydra.run.", "hydra.sweep.", "hydra.mode")
+
+
 @functools.lru_cache
-def _config_groups(root: str) -> frozenset[str]:
-    """The config groups a key could name: the configs folder's subfolders and the ConfigStore's."""
+def _config_folders(root: str) -> frozenset[str]:
+    return frozenset(str(d.relative_to(root)) for d in Path(root).rglob("*") if d.is_dir())
+
+
+def _values_apart(overrides: list[str], hydra: bool, root: str):
+    """``(rest, values, parsed)``: the config-group overrides (a key naming a group of the configs
+    folder ``root`` or the ConfigStore, no dict value), in their order, for Hydra to compose; the
+    value overrides, which Hydra applies after composing (a key naming no group; of Hydra's node
+    only with it, under ``HYDRA_VALUES``); and every override as Hydra parses it. None where Hydra
+    should see the whole list: an override it does not parse, and any of neither kind (a package,
+    a ``/``, a sweep, a dict for a group, another key of Hydra's node), which Hydra may apply as a
+    value but in their order among the others, or read before or after composing."""
     from hydra.core.config_store import ConfigStore
-
-    from adapipe_cli.config import register_configs
-
-    register_configs()
-    return frozenset({str(d.relative_to(root)) for d in Path(root).rglob("*") if d.is_dir()}
-                     | {k for k, v in ConfigStore.instance().repo.items() if isinstance(v, dict)})
-
-
-def _values_apart(overrides: list[str], hydra: bool):
-    """``(rest, values, parsed)``: the overrides Hydra applies as values to the composed config (a
-    key that names no config group, with no package, no sweep and no ``/``: Hydra's own groups have
-    one; without Hydra's node, no key of it), the rest in their order (composed by Hydra), and every
-    override as Hydra parses it; None where Hydra should see the whole list (it does not parse)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from adapipe_cli.config import conf_dir
+    from adapipe_cli.config import register_configs
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except Exception:
         return None
-    groups = _config_groups(str(conf_dir())) | {"hydra"}
+    register_configs()
+    groups = _config_folders(root) | {k for k, v in ConfigStore.instance().repo.items() if isinstance(v, dict)}
     values, rest = [], []
     for o in parsed:
         key = o.key_or_group
-        if (o.package is None and not o.is_sweep_override() and "/" not in key and key not in groups
-                and (hydra or not key.startswith("hydra."))):
+        if o.package is not None or o.is_sweep_override() or "/" in key:
+            return None
+        if key in groups:
+            if isinstance(o.value(), dict):
+                return None
+            rest.append(o.input_line)
+        elif key == "hydra" or key.startswith("hydra."):
+            if not (hydra and key.startswith(HYDRA_VALUES)):
+                return None
             values.append(o)
         else:
-            rest.append(o.input_line)
+            values.append(o)
     return rest, values, parsed
 
 
-def _with_values(cfg, values, parsed, hydra: bool) -> None:
-    """Apply the value overrides to ``cfg`` (composed from the rest), as Hydra's config loader
-    applies them after composing; with Hydra's node, record every override as it records them."""
+def _with_values(cfg, values, parsed, n_rest: int, hydra: bool) -> None:
+    """Apply the value overrides to ``cfg`` (composed from the ``n_rest`` group overrides) as Hydra's
+    config loader applies them after composing; with Hydra's node, append every override to its
+    lists in the order given and derive ``override_dirname`` from them, as the loader does."""
     from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
 
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     if not hydra:
         return
     task = [o for o in parsed if not o.is_hydra_override()]
-    cfg.hydra.overrides.task = [o.input_line for o in task]
-    cfg.hydra.overrides.hydra = [o.input_line for o in parsed if o.is_hydra_override()]
+    given = list(cfg.hydra.overrides.task)  # what the config held, then the group overrides
+    cfg.hydra.overrides.task = given[:len(given) - n_rest] + [o.input_line for o in task]
+    cfg.hydra.overrides.hydra = list(cfg.hydra.overrides.hydra) + [o.input_line for o in parsed if o.is_hydra_override()]
     dirname = cfg.hydra.job.config.override_dirname
     cfg.hydra.job.override_dirname = get_overrides_dirname(
         overrides=task, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys)

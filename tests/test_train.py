@@ -23,14 +23,6 @@ def read(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def uniform_clock(tmp_path_factory) -> str:
-    """``fixed_clock`` of 4 stages in a folder of this module's: one override for the tests (and
-    cases) that take it, so their overrides are the same, composed once (tests/conftest.py keeps a
-    compose per overrides: 0.4 s on 2 busy cores)."""
-    return fixed_clock(tmp_path_factory.mktemp("clock"))
-
-
 @pytest.mark.plots  # checks the plot files: drawn and written (tests/conftest.py)
 def test_synthetic_loss_goes_down_and_outputs_are_written(make_cfg, tmp_path):
     cfg = make_cfg("train.max_steps=40", "train.eval_every=10", "optim.lr=3e-3", "pipeline.stages=2",
@@ -64,17 +56,8 @@ def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
         a = train(make_cfg(*run), tmp_path / "a")
     assert (tmp_path / "a" / "phases.png").stat().st_size > 0  # one phase, shaded: every run writes it
 
-    def on_a_clock(cfg, **keys):
-        """``cfg`` with ``pipeline.profile=`` a's profile and ``keys`` set as a Hydra override sets
-        them (OmegaConf.update): the run's overrides composed once (tests/conftest.py keeps a
-        compose per overrides, 0.4 s on 2 busy cores; a's path is this test's own)."""
-        from omegaconf import OmegaConf
-
-        for key, value in {"pipeline.profile": str(tmp_path / "a" / "profile.json"), **keys}.items():
-            OmegaConf.update(cfg, key, value, merge=True)
-        return cfg
-
-    b = train(on_a_clock(make_cfg(*run)), tmp_path / "b")
+    a_clock = f"pipeline.profile={tmp_path / 'a' / 'profile.json'}"
+    b = train(make_cfg(*run, a_clock), tmp_path / "b")
 
     def strip(recs):
         return [{k: v for k, v in r.items() if k != "wall_s"} for r in recs]
@@ -82,7 +65,7 @@ def test_same_seed_and_profile_give_the_same_metrics(make_cfg, tmp_path):
     assert strip(read(tmp_path / "a")) == strip(read(tmp_path / "b"))
     assert a["time_s"] == b["time_s"]
     # another seed (on a's clock: no profile of its own to measure, and the losses do not depend on it)
-    c = train(on_a_clock(make_cfg(*run), seed=1), tmp_path / "c")
+    c = train(make_cfg(*run, "seed=1", a_clock), tmp_path / "c")
     assert c["final_val_loss"] != a["final_val_loss"]
 
 
@@ -256,8 +239,8 @@ AFTER_THE_RUNTIME = {"heuristic.start='soon'"}
 
 
 @pytest.mark.parametrize("overrides,message", [_through_the_cli(b) for b in BAD])
-def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, uniform_clock):
-    clock = [uniform_clock] if message in AFTER_THE_RUNTIME else []
+def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path):
+    clock = [fixed_clock(tmp_path)] if message in AFTER_THE_RUNTIME else []
     assert main(["train", *TINY, *overrides, *clock, f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err, err
@@ -267,19 +250,11 @@ def test_bad_input_is_one_line_and_exit_2(overrides, message, capsys, tmp_path, 
 @pytest.mark.parametrize("overrides,message", [pytest.param(*_values(b), id=_values(b)[1][:30]) for b in BAD
                                                if _values(b)[1] not in NOT_BY_VALIDATE])
 def test_validate_refuses_each_bad_value(overrides, message, make_cfg):
-    """validate() refuses each bad value of BAD that it is for, in one line: on the config of the
-    case's config groups (composed once each, cached), its other overrides applied as Hydra applies
-    them (parsed by Hydra's parser, set with OmegaConf.update)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
-
+    """validate() refuses each bad value of BAD that it is for, in one line (on the composed config:
+    the compose does not validate)."""
     from adapipe_cli.config import ConfigError, validate
 
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    cfg = make_cfg(*(o.input_line for o in parsed if "." not in o.key_or_group))  # (the groups chosen)
-    for o in parsed:
-        if "." in o.key_or_group:
-            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    cfg = make_cfg(*overrides)
     with pytest.raises(ConfigError) as e:
         validate(cfg)
     assert len(str(e.value).splitlines()) == 1 and message in str(e.value), e.value
@@ -370,10 +345,10 @@ def test_the_command_line_and_the_checks_import_torch_only_where_they_need_it():
 
 
 @pytest.mark.parametrize("mode", ["offline", "disabled"])
-def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch, uniform_clock):
+def test_wandb_logger_works_without_network(mode, make_cfg, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", mode)
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    s = train(make_cfg("logger=wandb", "train.max_steps=3", uniform_clock), tmp_path / "run")  # (one compose for both modes)
+    s = train(make_cfg("logger=wandb", "train.max_steps=3", fixed_clock(tmp_path)), tmp_path / "run")
     assert s["steps"] == 3 and (tmp_path / "run" / "summary.json").is_file()
     if mode == "offline":  # the offline run holds the logged history, ready for `wandb sync`
         runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))

@@ -28,6 +28,10 @@ TINY = [
 ]
 
 
+# every shared or cached compose and config file read checked against Hydra's own (README: Tests)
+COMPOSE_CHECK = os.environ.get("ADAPIPE_TEST_COMPOSE_CHECK") == "1"
+
+
 def _compose_once_per_overrides() -> None:
     """Hydra composes each distinct call (overrides, config name, Hydra's node and job name, configs
     folder, and with Hydra's node the working directory it records) once per test process: 0.3-1 s a
@@ -44,7 +48,6 @@ def _compose_once_per_overrides() -> None:
     from adapipe_cli.cli import compose as module
 
     fresh, cache = module.compose_config, {}
-    check = os.environ.get("ADAPIPE_TEST_COMPOSE_CHECK") == "1"
 
     def composed(key, overrides, config_name, hydra, job_name):
         """The config for ``key``, and whether it was composed afresh."""
@@ -65,7 +68,7 @@ def _compose_once_per_overrides() -> None:
         try:
             cfg, new = composed(key, list(overrides), config_name, hydra, job_name)
         except Exception as e:
-            if check:
+            if COMPOSE_CHECK:
                 try:
                     fresh(list(overrides), config_name, hydra, job_name)
                 except Exception as f:
@@ -73,7 +76,7 @@ def _compose_once_per_overrides() -> None:
                 else:
                     raise AssertionError(f"a shared compose raised where Hydra's does not: {key}") from e
             raise
-        if check and not new:
+        if COMPOSE_CHECK and not new:
             assert _same(cfg, fresh(list(overrides), config_name, hydra, job_name)), f"a cached compose differs: {key}"
         return cfg
 
@@ -181,7 +184,6 @@ def _read_each_config_file_once() -> None:
     from omegaconf import OmegaConf
 
     real, read = FileConfigSource.load_config, {}
-    check = os.environ.get("ADAPIPE_TEST_COMPOSE_CHECK") == "1"
 
     def load_config(self, config_path: str):
         path = os.path.realpath(os.path.join(self.path, self._normalize_file_name(config_path)))
@@ -193,7 +195,7 @@ def _read_each_config_file_once() -> None:
         if key not in read:
             read[key] = real(self, config_path)
         out = copy.deepcopy(read[key])
-        if check:
+        if COMPOSE_CHECK:
             again = real(self, config_path)
             assert (OmegaConf.to_yaml(again.config), again.header, again.path) == (
                 OmegaConf.to_yaml(out.config), out.header, out.path), f"a config file read once differs: {path}"

@@ -73,7 +73,10 @@ class Work:
     def __call__(self, timer: Callable[[], float], cpu: list[float] | None = None) -> float:
         """The seconds of one call of ``run`` by ``timer``; with ``cpu``, its CPU seconds on this
         thread (``time.thread_time``: its work on one core, without the time it waited for one)
-        are appended there (not with a device's own timer: its work is not the thread's)."""
+        are appended there (not with a device's own timer: its work is not the thread's), at
+        most the call's seconds by ``timer``: one thread cannot compute for longer than the call
+        lasts, and a thread clock that reads more is the two clocks disagreeing (seen once in CI,
+        over a backward: the thread clock is the kernel scheduler's, not the wall clock)."""
         arg = self.setup() if self.setup is not None else None
         span = getattr(timer, "span", None)  # a device's own timer (CUDA events)
         if span is not None:
@@ -83,7 +86,7 @@ class Work:
         self.run(arg) if self.setup is not None else self.run()
         t = timer() - t0
         if cpu is not None:
-            cpu.append(time.thread_time() - c0)
+            cpu.append(min(time.thread_time() - c0, t))
         return t
 
 

@@ -119,7 +119,8 @@ def test_interleaved_timing_keeps_the_median_when_asked_and_the_minimum_by_defau
 
 def test_interleaved_timing_gives_each_calls_spread_when_asked(monkeypatch):
     """``cv``: the timed calls' sd over mean; ``cpu_cv`` the same of their thread CPU seconds (here
-    a thread CPU clock that moves with the fake work, 1 s of CPU a call beside its wall time)."""
+    a thread CPU clock that moves with the fake work at half its pace: a thread that computes for
+    half of each call)."""
     import statistics
     from types import SimpleNamespace
 
@@ -130,11 +131,11 @@ def test_interleaved_timing_gives_each_calls_spread_when_asked(monkeypatch):
     durations = {"F": [9, 4, 3, 8, 5, 3, 6], "B": [9, 6, 6, 6, 6, 6, 6]}
     cv, cpu, cpu_cv = {}, {}, {}
     clock = FakeClock(durations)
-    monkeypatch.setattr(profile, "time", SimpleNamespace(thread_time=lambda: 2 * clock.t))
+    monkeypatch.setattr(profile, "time", SimpleNamespace(thread_time=lambda: clock.t / 2))
     time_interleaved({k: clock.work(k) for k in durations}, rounds=3, passes=2, timer=clock, cv=cv, cpu=cpu, cpu_cv=cpu_cv)
     calls = [4, 3, 8, 5, 3, 6]
     assert cv["F"] == pytest.approx(statistics.pstdev(calls) / statistics.fmean(calls)) and cv["B"] == 0.0
-    assert cpu["F"] == 6 and cpu_cv == pytest.approx(cv)  # (the CPU clock runs twice as fast: the same spread)
+    assert cpu["F"] == 1.5 and cpu_cv == pytest.approx(cv)  # (the CPU clock runs at half the pace: the same spread)
 
 
 def test_a_median_profile_holds_the_median_and_says_so_in_its_method(make_cfg):

@@ -432,15 +432,15 @@ def test_the_cpu_time_of_each_call_is_the_threads_own_not_its_wait():
 
     from adapipe_cli.runtime.profile import time_interleaved
 
-    def spin():
-        t0 = time.thread_time()
-        while time.thread_time() - t0 < 0.004:
+    def spin():  # (4 ms on both clocks: its CPU seconds, held to its wall seconds, are at least that)
+        c0, t0 = time.thread_time(), time.perf_counter()
+        while time.thread_time() - c0 < 0.004 or time.perf_counter() - t0 < 0.004:
             pass
 
     cpu: dict = {}
     t = time_interleaved({"sleep": lambda: time.sleep(0.005), "spin": spin}, rounds=2, passes=2, cpu=cpu)
     assert t["sleep"][0] >= 0.005 and cpu["sleep"] < 0.002
-    assert cpu["spin"] >= 0.004 - 1e-4 and t["spin"][0] >= cpu["spin"]
+    assert cpu["spin"] >= 0.004 and t["spin"][0] >= cpu["spin"]
     assert time_interleaved({"sleep": lambda: time.sleep(0.001)}, rounds=1, passes=1).keys() == {"sleep"}
 
 
@@ -500,7 +500,8 @@ def test_a_profile_measured_with_its_spread_holds_it_per_kind_and_joins_it_per_s
     stages, _ = make_stages(cfg, model_config(cfg, 64))
     x = torch.randint(0, 64, (2, 16))
     opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
-    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True) for st in stages]
+    quiet = lambda line: None  # noqa: E731  (real calls on a busy machine: an unsteady warning is no failure here)
+    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True, warn=quiet) for st in stages]
     assert set(parts[0].meta["cv"]) == set(KINDS) and all(c >= 0 for v in parts[0].meta["cv"].values() for c in v)
     assert parts[0].meta["cv"]["forward"][0] > 0  # (real calls vary)
     joined = join_profiles(parts, rounds=1)
@@ -511,7 +512,7 @@ def test_a_profile_measured_with_its_spread_holds_it_per_kind_and_joins_it_per_s
     assert cv_from_profile(measure_profile([stages[0]], opt, x, x, reps=1)) is None
     # with cpu_time, the thread CPU seconds' spread too, in meta["cpu_cv"], joined the same way
     assert "cpu_cv" not in parts[0].meta
-    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True, cpu_time=True) for st in stages]
+    parts = [measure_profile([st], opt, x, x, reps=3, spread_cv=True, cpu_time=True, warn=quiet) for st in stages]
     joined = join_profiles(parts, rounds=1)
     assert set(joined.meta["cpu_cv"]) == set(KINDS) and all(c >= 0 for v in joined.meta["cpu_cv"].values() for c in v)
     assert joined.meta["cpu_cv"]["forward"] == [parts[0].meta["cpu_cv"]["forward"][0], parts[1].meta["cpu_cv"]["forward"][0]]

@@ -133,7 +133,7 @@ def action_table(windows: list[dict | None], profile: CostProfile | None) -> dic
         ranks.append({"rank": r, "steps": w["steps"], "step_s": c["wall"], "wait_peer_s": c["wait_peer"],
                       "wait_driver_s": c["wait_driver"], "report_s": c["report"], "signal_s": c["signal"],
                       "between_s": between,
-                      "cpu_main_s": c["cpu_main"], "other_threads_cpu_s": c["cpu_process"] - c["cpu_main"]})
+                      "cpu_main_s": c["cpu_main"], "other_threads_cpu_s": max(0.0, c["cpu_process"] - c["cpu_main"])})
     return {"actions": rows, "ranks": ranks,
             "method": "per step or per action over the steady steps (the first min(5, steps / 4) left out); run_s: wall "
                       "computing, transport waits excluded; profiled_s: the profile's charge for the same actions and "

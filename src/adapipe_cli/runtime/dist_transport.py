@@ -249,7 +249,8 @@ class DistTransport:
                         torch.cuda.synchronize(self.device)
                     rt.append(time.perf_counter() - t0)
                 times.append(statistics.median(rt[2:]) / 2)
-                threads_cpu = (time.process_time() - time.thread_time() - c0) / (2 * (rounds + 2))
+                # (two clocks read one after the other: a microsecond either way, never below none)
+                threads_cpu = max(0.0, time.process_time() - time.thread_time() - c0) / (2 * (rounds + 2))
             if peer > self.s:
                 latency, big = times
                 nbytes = max(1, numel) * torch.empty((), dtype=self.dtype).element_size()

@@ -73,20 +73,23 @@ class Work:
     def __call__(self, timer: Callable[[], float], cpu: list[float] | None = None) -> float:
         """The seconds of one call of ``run`` by ``timer``; with ``cpu``, its CPU seconds on this
         thread (``time.thread_time``: its work on one core, without the time it waited for one)
-        are appended there (not with a device's own timer: its work is not the thread's), at
-        most the call's seconds by ``timer``: one thread cannot compute for longer than the call
-        lasts, and a thread clock that reads more is the two clocks disagreeing (seen once in CI,
-        over a backward: the thread clock is the kernel scheduler's, not the wall clock)."""
+        are appended there (not with a device's own timer: its work is not the thread's), read
+        inside the timer's window and at most the call's seconds by ``timer``: one thread cannot
+        compute for longer than the call lasts, and a thread clock that reads more is the two
+        clocks disagreeing (the thread clock is the kernel scheduler's, not the wall clock). Until
+        2026-12-06 the thread clock's window held the timer's, so a computing call's CPU seconds
+        came out a few microseconds over its wall seconds, and once, in CI, over 100 us more."""
         arg = self.setup() if self.setup is not None else None
         span = getattr(timer, "span", None)  # a device's own timer (CUDA events)
         if span is not None:
             return span(lambda: self.run(arg) if self.setup is not None else self.run())
-        c0 = time.thread_time() if cpu is not None else 0.0
         t0 = timer()
+        c0 = time.thread_time() if cpu is not None else 0.0  # (read inside the timer's window)
         self.run(arg) if self.setup is not None else self.run()
+        c = time.thread_time() - c0 if cpu is not None else 0.0
         t = timer() - t0
         if cpu is not None:
-            cpu.append(min(time.thread_time() - c0, t))
+            cpu.append(min(c, t))
         return t
 
 

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
-from adapipe_cli.sweep.grid import shared_data  # noqa: E402
+from adapipe_cli.config.paths import shared_data  # noqa: E402
 from adapipe_cli.data import build_data  # noqa: E402
 from adapipe_cli.model.gpt import build_full_model, lm_loss  # noqa: E402
 from adapipe_cli.model.build import model_config  # noqa: E402

@@ -172,10 +172,10 @@ class Ledger:
     def release(self, floor: int) -> tuple[list[int], list[tuple]]:
         """Free the copies and predictions nothing needs any more; returns (versions, prediction
         keys) freed."""
-        gone = [v for v in self.copies if v != self.live and v not in self.uses and v < floor]
+        gone = [v for v in self.copies if v != self.live and v not in self.uses and v < floor] if self.copies else []
         for v in gone:
             self.copies.discard(v)
-        dropped = [k for k in self.predicted if k not in self.pred_uses and k[2] < self.live]
+        dropped = [k for k in self.predicted if k not in self.pred_uses and k[2] < self.live] if self.predicted else []
         for k in dropped:
             self.predicted.discard(k)
         self._measure()
@@ -202,20 +202,27 @@ class Ledger:
     def versions_held(self) -> int:
         """Distinct weight versions this stage keeps: the live one and every older one an in-flight
         microbatch or a pending action still uses."""
-        return len({self.live, *self.uses, *(v for v in self.copies if v < self.live)})
+        live, uses, copies = self.live, self.uses, self.copies
+        if not copies:  # (the common case, counted without building the set)
+            return len(uses) + (live not in uses)
+        return len({live, *uses, *(v for v in copies if v < live)})
 
     def param_sets(self) -> int:
         return 1 + len(self.copies) + len(self.predicted)
 
     def _measure(self, extra_params: int = 0) -> None:
         pk, b = self.peak, self.nbytes
-        sets = self.param_sets() + extra_params
+        sets = 1 + len(self.copies) + len(self.predicted) + extra_params  # (param_sets())
         grads = len(self.grads)
         acts = len(self.inflight)
-        pk.param_sets = max(pk.param_sets, sets)
-        pk.grad_sets = max(pk.grad_sets, grads)
-        pk.activations = max(pk.activations, acts)
-        pk.versions = max(pk.versions, self.versions_held())
+        if sets > pk.param_sets:
+            pk.param_sets = sets
+        if grads > pk.grad_sets:
+            pk.grad_sets = grads
+        if acts > pk.activations:
+            pk.activations = acts
+        if 1 + len(self.uses) + len(self.copies) > pk.versions:  # (at most that many: only then can it be a new peak)
+            pk.versions = max(pk.versions, self.versions_held())
         total = (sets + grads) * b.params + acts * b.activation + b.optimizer
         if total >= pk.bytes:
             pk.bytes = total

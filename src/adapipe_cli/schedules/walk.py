@@ -16,18 +16,22 @@ class Deadlock(RuntimeError):
 def walk(
     programs: Sequence[StageProgram],
     stages: Sequence[int],
-    done: Callable[[int], bool],
+    done: Callable[[int], bool] | None,
     ready: Callable[[int, Action], bool],
     execute: Callable[[int, Action], Sequence[int]],
     lifo: bool = False,
 ) -> None:
-    """Run stages until ``done(s)`` holds for each stage in ``stages``.
+    """Run stages until ``done(s)`` holds for each stage in ``stages`` (None: until every
+    program has ended, the same as ``done(s)`` = ``programs[s].peek() is None``, checked with one
+    peek per action: the simulator's whole run).
 
     A stage runs its next action while ``ready``; ``execute`` returns the stages its action may
     have unblocked, which are queued again. ``stages`` gives the first visiting order and ``lifo``
     the queue discipline: different choices give different interleavings of the same lists (the
     numbers must not depend on them).
     """
+    if done is None:
+        return _walk_to_end(programs, stages, ready, execute, lifo)
     queue = deque(s for s in stages if not done(s))
     queued = set(queue)
     while True:
@@ -49,6 +53,37 @@ def walk(
                         queued.add(w)
                         queue.append(w)
         stuck = [s for s in stages if not done(s)]
+        if not stuck:
+            return
+        if not progress:
+            waits = ", ".join(f"stage {s} at {programs[s].peek()}" for s in stuck)
+            raise Deadlock(f"pipeline deadlock: {waits}")
+        # a readiness check may have posted a share of a collective that others wait for: poll again
+        queue.extend(stuck)
+        queued.update(stuck)
+
+
+def _walk_to_end(programs: Sequence[StageProgram], stages: Sequence[int], ready: Callable[[int, Action], bool],
+                 execute: Callable[[int, Action], Sequence[int]], lifo: bool) -> None:
+    """:func:`walk` with ``done(s)`` = ``programs[s].peek() is None``, in the same order."""
+    queue = deque(s for s in stages if programs[s].peek() is not None)
+    queued = set(queue)
+    while True:
+        progress = False
+        while queue:
+            s = queue.pop() if lifo else queue.popleft()
+            queued.discard(s)
+            prog = programs[s]
+            a = prog.peek()
+            while a is not None and ready(s, a):
+                prog.pop()
+                progress = True
+                for w in execute(s, a):
+                    if w not in queued and programs[w].peek() is not None:
+                        queued.add(w)
+                        queue.append(w)
+                a = prog.peek()
+        stuck = [s for s in stages if programs[s].peek() is not None]
         if not stuck:
             return
         if not progress:

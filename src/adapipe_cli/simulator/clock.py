@@ -115,6 +115,12 @@ class CostProfile:
         """Seconds of an action of ``kind`` at ``stage`` that also did ``work`` (the ledger's
         counts of copies, predictions and recomputed forwards, and for a forward or backward the
         microbatches ``held`` in flight while it ran: :meth:`held_factor`)."""
+        return self.costs(stage, kind, work)[2]
+
+    def costs(self, stage: int, kind: str, work: dict | None = None) -> tuple[float, float, float]:
+        """(base, own, cost) of an action of ``kind`` at ``stage`` that did ``work``: its cost
+        without ``work``, with only its ``held`` (its in-flight count's toll), and with all of it
+        (:meth:`cost`), in one pass (the simulator's inner loop needs all three)."""
         if kind == FORWARD:
             c = self.forward[stage]
         elif kind == BACKWARD:
@@ -126,14 +132,19 @@ class CostProfile:
         elif kind == WEIGHT:
             c = self.weight[stage]
         else:
-            return 0.0
+            return 0.0, 0.0, 0.0
+        base = c
         if work:
-            if "held" in work:
-                c *= self.held_factor(stage, kind, work["held"])
-            c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
-                  + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage]
-                  + work.get("data", 0) * self.data[stage])
-        return c
+            held = work.get("held")
+            if held is not None:
+                c *= self.held_factor(stage, kind, held)
+            own = c
+            if len(work) > (held is not None):  # (work beyond the in-flight count)
+                c += (work.get("copy", 0) * self.copy[stage] + work.get("predict", 0) * self.predict[stage]
+                      + work.get("recompute", 0) * self.forward[stage] + work.get("accumulate", 0) * self.accumulate[stage]
+                      + work.get("data", 0) * self.data[stage])
+            return base, own, c
+        return base, base, base
 
     def signal_costs(self, rows: int, microbatch_rows: int | None = None) -> list[float]:
         """Per stage, the seconds of the held-out signal's forward of ``rows`` rows: the measured
@@ -288,26 +299,30 @@ class PipelineClock:
 
     def run(self, stage: int, a: Action, cost: float) -> tuple[float, float]:
         """Place action ``a`` of ``stage`` lasting ``cost`` seconds; returns (start, end)."""
-        dev = self.device[stage]
+        dev, kind = self.device[stage], a.kind
         start = self.free[dev]
-        if a.kind == UPDATE:
+        if kind == UPDATE:
             ar = self.allreduce[stage]
             self.last_allreduce = (start, start + ar) if ar > 0 else None
             start += ar
-        if a.kind == FORWARD and stage > 0:
-            start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
-        elif a.kind in (BACKWARD, INPUT) and stage < self.p - 1:
-            start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
-        elif a.kind == UPDATE and a.phase == SYNC and self.p > 1 and self.barrier:
+        if kind == FORWARD:
+            if stage > 0:
+                start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
+        elif kind == BACKWARD or kind == INPUT:
+            if stage < self.p - 1:
+                start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
+        elif kind == UPDATE and a.phase == SYNC and self.p > 1 and self.barrier:
             start = max(start, max(self._arrivals[a.step]) + self.collective_time)
-        elif a.kind == EVAL:
+        elif kind == EVAL:
             return start, start  # evaluation is not on the training clock
         end = start + cost
-        if a.kind == FORWARD and stage < self.p - 1:
-            self._f_end[(stage, a.mb)] = end
-        elif a.kind in (BACKWARD, INPUT) and stage > 0:
-            self._b_end[(stage, a.mb)] = end
-        elif a.kind == UPDATE:
+        if kind == FORWARD:
+            if stage < self.p - 1:
+                self._f_end[(stage, a.mb)] = end
+        elif kind == BACKWARD or kind == INPUT:
+            if stage > 0:
+                self._b_end[(stage, a.mb)] = end
+        elif kind == UPDATE:
             self.update_end[a.step] = max(self.update_end.get(a.step, 0.0), end)
             left = self._u_left.get(a.step, self.p) - 1
             if left:
@@ -317,7 +332,7 @@ class PipelineClock:
                 self._arrivals.pop(a.step, None)
         self.free[dev] = end
         self.busy[dev] += cost
-        if a.kind == UPDATE:
+        if kind == UPDATE:
             self.last_signal = None
             if self.signal and self.signal[stage] > 0:
                 self.last_signal = (end, end + self.signal[stage])

@@ -56,7 +56,7 @@ class Replay:
 
     def ready(self, s: int, a: Action) -> bool:
         kind = a.kind
-        if not self.picks.next_is(s):
+        if self.picks.on and not self.picks.next_is(s):  # (with chunks: the device's turn)
             return False
         if kind == FORWARD:
             return s == 0 or (s - 1, a.mb) in self.f_done
@@ -73,14 +73,15 @@ class Replay:
 
     def execute(self, s: int, a: Action) -> list[int]:
         kind, p = a.kind, self.p
-        led, prog = self.ledgers[s], self.programs[s]
-        needed = kind == UPDATE and led.needed(led.live, prog.floor_version())
-        work = led.run(a, prog.floor_version(), needed, self.mit)
-        cost, base = self.profile.cost(s, kind, work), self.profile.cost(s, kind)
-        own = self.profile.cost(s, kind, {"held": work["held"]}) if "held" in work else base  # (at its in-flight count)
+        led = self.ledgers[s]
+        # (the floor matters to an update and to freeing copies: without copies, nothing to free)
+        floor = self.programs[s].floor_version() if kind == UPDATE or led.copies else 0
+        needed = kind == UPDATE and led.needed(led.live, floor)
+        work = led.run(a, floor, needed, self.mit)
+        base, own, cost = self.profile.costs(s, kind, work)  # (own: at its in-flight count)
         if own != base:  # the in-flight microbatches' toll: busy time too
             self.toll[a.step] = self.toll.get(a.step, 0.0) + own - base
-        if any(k != "held" for k in work):
+        if len(work) > ("held" in work):  # (work beyond the in-flight count)
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - own
         start, end = self.clock.run(s, a, cost * self.jitter(s, kind) if self.jitter and kind != EVAL else cost)
         if self.record and kind == UPDATE and self.clock.last_allreduce:
@@ -92,7 +93,7 @@ class Replay:
             self.signal[a.step] = self.signal.get(a.step, 0.0) + s1 - s0
             if self.record:
                 self.timeline.append((self.spec.device_of(s), SIGNAL, -1, a.step, s0, s1))
-        woken = self.picks.advance(s)  # the device's next virtual stage (none without interleaving)
+        woken = self.picks.advance(s) if self.picks.on else []  # the device's next virtual stage (with chunks)
         if kind == FORWARD:
             self.f_done.discard((s - 1, a.mb))
             if s + 1 < p:
@@ -114,7 +115,7 @@ class Replay:
     def run_all(self) -> None:
         """Every action of the plan."""
         self.picks.until = float("inf")
-        walk(self.programs, range(self.p), lambda s: self.programs[s].peek() is None, self.ready, self.execute)
+        walk(self.programs, range(self.p), None, self.ready, self.execute)
 
     def run_step(self, t: int) -> tuple[float, float]:
         """Every stage up to and including its ``U(t)``; (the end of step ``t``'s last update, the

@@ -172,7 +172,8 @@ class Ledger:
     def release(self, floor: int) -> tuple[list[int], list[tuple]]:
         """Free the copies and predictions nothing needs any more; returns (versions, prediction
         keys) freed."""
-        gone = [v for v in self.copies if v != self.live and v not in self.uses and v < floor] if self.copies else []
+        copies = self.copies  # (only a copy below the floor can go: most actions free none)
+        gone = [v for v in copies if v != self.live and v not in self.uses and v < floor] if copies and min(copies) < floor else []
         for v in gone:
             self.copies.discard(v)
         dropped = [k for k in self.predicted if k not in self.pred_uses and k[2] < self.live] if self.predicted else []
@@ -202,10 +203,9 @@ class Ledger:
     def versions_held(self) -> int:
         """Distinct weight versions this stage keeps: the live one and every older one an in-flight
         microbatch or a pending action still uses."""
-        live, uses, copies = self.live, self.uses, self.copies
-        if not copies:  # (the common case, counted without building the set)
-            return len(uses) + (live not in uses)
-        return len({live, *uses, *(v for v in copies if v < live)})
+        # (no copy is of a version beyond the live one: each is made of the live weights or of a copy,
+        # and the live version only grows; a copy of the live version is the live version once)
+        return len(self.uses.keys() | self.copies | {self.live})
 
     def param_sets(self) -> int:
         return 1 + len(self.copies) + len(self.predicted)

@@ -307,10 +307,14 @@ class PipelineClock:
             start += ar
         if kind == FORWARD:
             if stage > 0:
-                start = max(start, self._f_end.pop((stage - 1, a.mb)) + self.link_time)
+                arrival = self._f_end.pop((stage - 1, a.mb)) + self.link_time
+                if arrival > start:
+                    start = arrival
         elif kind == BACKWARD or kind == INPUT:
             if stage < self.p - 1:
-                start = max(start, self._b_end.pop((stage + 1, a.mb)) + self.link_time)
+                arrival = self._b_end.pop((stage + 1, a.mb)) + self.link_time
+                if arrival > start:
+                    start = arrival
         elif kind == UPDATE and a.phase == SYNC and self.p > 1 and self.barrier:
             start = max(start, max(self._arrivals[a.step]) + self.collective_time)
         elif kind == EVAL:

@@ -155,12 +155,15 @@ class StageProgram:
 
     def floor_version(self) -> int:
         """A lower bound on the version of every action not yet returned by ``pop``."""
-        lo = self.updates if not self._peeked or self._next is None else min(self.updates, self._next.version)
-        j, stream = self.next_f, self.seg_phase == ASYNC  # (a flushed step computes with the live version only)
-        if stream and self.spec.weights == "vertical":
-            lo = min(lo, max(self.seg_start, (j - self.p + 1) // self.m))
-        elif stream and self.spec.weights == "2bw":
-            lo = min(lo, max(self.seg_start, j // self.m - 1))
+        lo, nxt = self.updates, self._next
+        if self._peeked and nxt is not None and nxt.version < lo:
+            lo = nxt.version
+        if self.seg_phase == ASYNC:  # (a flushed step computes with the live version only)
+            rule, j = self.spec.weights, self.next_f
+            if rule == "vertical":
+                lo = min(lo, max(self.seg_start, (j - self.p + 1) // self.m))
+            elif rule == "2bw":
+                lo = min(lo, max(self.seg_start, j // self.m - 1))
         for _, t in self.pending_evals:
             lo = min(lo, t + 1)
         return lo

@@ -83,16 +83,20 @@ class Replay:
             self.toll[a.step] = self.toll.get(a.step, 0.0) + own - base
         if len(work) > ("held" in work):  # (work beyond the in-flight count)
             self.extra[a.step] = self.extra.get(a.step, 0.0) + cost - own
-        start, end = self.clock.run(s, a, cost * self.jitter(s, kind) if self.jitter and kind != EVAL else cost)
-        if self.record and kind == UPDATE and self.clock.last_allreduce:
-            self.timeline.append((s, ALLREDUCE, -1, a.step, *self.clock.last_allreduce))
-        if self.record and kind != EVAL:
+        clock, record = self.clock, self.record
+        start, end = clock.run(s, a, cost * self.jitter(s, kind) if self.jitter and kind != EVAL else cost)
+        if kind == UPDATE:  # (the timeline: its all-reduce, the update, the held-out signal's forward)
+            if record and clock.last_allreduce:
+                self.timeline.append((s, ALLREDUCE, -1, a.step, *clock.last_allreduce))
+            if record:
+                self.timeline.append((self.spec.device_of(s), kind, a.mb, a.step, start, end))
+            if clock.last_signal:
+                s0, s1 = clock.last_signal
+                self.signal[a.step] = self.signal.get(a.step, 0.0) + s1 - s0
+                if record:
+                    self.timeline.append((self.spec.device_of(s), SIGNAL, -1, a.step, s0, s1))
+        elif record and kind != EVAL:
             self.timeline.append((self.spec.device_of(s), kind, a.mb, a.step, start, end))
-        if kind == UPDATE and self.clock.last_signal:
-            s0, s1 = self.clock.last_signal
-            self.signal[a.step] = self.signal.get(a.step, 0.0) + s1 - s0
-            if self.record:
-                self.timeline.append((self.spec.device_of(s), SIGNAL, -1, a.step, s0, s1))
         woken = self.picks.advance(s) if self.picks.on else []  # the device's next virtual stage (with chunks)
         if kind == FORWARD:
             self.f_done.discard((s - 1, a.mb))

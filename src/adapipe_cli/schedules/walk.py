@@ -31,15 +31,27 @@ def walk(
     numbers must not depend on them).
     """
     if done is None:
-        return _walk_to_end(programs, stages, ready, execute, lifo)
-    queue = deque(s for s in stages if not done(s))
-    queued = set(queue)
-    while True:
-        progress = False
-        while queue:
-            s = queue.pop() if lifo else queue.popleft()
-            queued.discard(s)
-            prog = programs[s]
+        def unfinished(s: int) -> bool:
+            return programs[s].peek() is not None
+
+        def run(s: int) -> bool:  # (one peek per action)
+            prog, progress = programs[s], False
+            a = prog.peek()
+            while a is not None and ready(s, a):
+                prog.pop()
+                progress = True
+                for w in execute(s, a):
+                    if w not in queued and programs[w].peek() is not None:
+                        queued.add(w)
+                        queue.append(w)
+                a = prog.peek()
+            return progress
+    else:
+        def unfinished(s: int) -> bool:
+            return not done(s)
+
+        def run(s: int) -> bool:
+            prog, progress = programs[s], False
             while not done(s):
                 a = prog.peek()
                 if a is None:
@@ -52,38 +64,17 @@ def walk(
                     if w not in queued and not done(w):
                         queued.add(w)
                         queue.append(w)
-        stuck = [s for s in stages if not done(s)]
-        if not stuck:
-            return
-        if not progress:
-            waits = ", ".join(f"stage {s} at {programs[s].peek()}" for s in stuck)
-            raise Deadlock(f"pipeline deadlock: {waits}")
-        # a readiness check may have posted a share of a collective that others wait for: poll again
-        queue.extend(stuck)
-        queued.update(stuck)
+            return progress
 
-
-def _walk_to_end(programs: Sequence[StageProgram], stages: Sequence[int], ready: Callable[[int, Action], bool],
-                 execute: Callable[[int, Action], Sequence[int]], lifo: bool) -> None:
-    """:func:`walk` with ``done(s)`` = ``programs[s].peek() is None``, in the same order."""
-    queue = deque(s for s in stages if programs[s].peek() is not None)
+    queue = deque(s for s in stages if unfinished(s))
     queued = set(queue)
     while True:
         progress = False
         while queue:
             s = queue.pop() if lifo else queue.popleft()
             queued.discard(s)
-            prog = programs[s]
-            a = prog.peek()
-            while a is not None and ready(s, a):
-                prog.pop()
-                progress = True
-                for w in execute(s, a):
-                    if w not in queued and programs[w].peek() is not None:
-                        queued.add(w)
-                        queue.append(w)
-                a = prog.peek()
-        stuck = [s for s in stages if programs[s].peek() is not None]
+            progress = run(s) or progress
+        stuck = [s for s in stages if unfinished(s)]
         if not stuck:
             return
         if not progress:

@@ -33,6 +33,7 @@ its targets).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .actions import ASYNC, BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, WEIGHT, Action
 
@@ -169,11 +170,19 @@ class Ledger:
         """Whether an in-flight microbatch or a pending action still uses ``version``."""
         return version in self.uses or floor <= version
 
-    def release(self, floor: int) -> tuple[list[int], list[tuple]]:
+    def release(self, floor: int | Callable[[], int]) -> tuple[list[int], list[tuple]]:
         """Free the copies and predictions nothing needs any more; returns (versions, prediction
-        keys) freed."""
-        copies = self.copies  # (only a copy below the floor can go: most actions free none)
-        gone = [v for v in copies if v != self.live and v not in self.uses and v < floor] if copies and min(copies) < floor else []
+        keys) freed. ``floor``: the program's floor, or a callable giving it, called only if a
+        copy is neither live nor in use (the simulator's: most actions free nothing)."""
+        unused = self.copies - self.uses.keys() if self.copies else None
+        if unused:
+            unused.discard(self.live)
+        if unused:
+            if callable(floor):
+                floor = floor()
+            gone = [v for v in self.copies if v in unused and v < floor]
+        else:
+            gone = []
         for v in gone:
             self.copies.discard(v)
         dropped = [k for k in self.predicted if k not in self.pred_uses and k[2] < self.live] if self.predicted else []
@@ -182,9 +191,11 @@ class Ledger:
         self._measure()
         return gone, dropped
 
-    def run(self, a: Action, floor_after: int, needed_live: bool, mitigations: set, work: dict | None = None) -> dict:
+    def run(self, a: Action, floor_after: int | Callable[[], int], needed_live: bool, mitigations: set,
+            work: dict | None = None) -> dict:
         """Account for action ``a`` and release what it freed (the simulator's entry point; the
-        executor calls the pieces as it runs them). Returns the work done."""
+        executor calls the pieces as it runs them; ``floor_after``: :meth:`release`'s). Returns
+        the work done."""
         work = {} if work is None else work
         if a.kind == FORWARD:
             self.forward(a, work)

@@ -73,11 +73,12 @@ class Replay:
 
     def execute(self, s: int, a: Action) -> list[int]:
         kind, p = a.kind, self.p
-        led = self.ledgers[s]
-        # (the floor matters to an update and to freeing copies: without copies, nothing to free)
-        floor = self.programs[s].floor_version() if kind == UPDATE or led.copies else 0
-        needed = kind == UPDATE and led.needed(led.live, floor)
-        work = led.run(a, floor, needed, self.mit)
+        led, prog = self.ledgers[s], self.programs[s]
+        if kind == UPDATE:
+            floor = prog.floor_version()
+            work = led.run(a, floor, led.needed(led.live, floor), self.mit)
+        else:  # (the floor matters only to a copy that could go: the ledger asks for it then)
+            work = led.run(a, prog.floor_version, False, self.mit)
         base, own, cost = self.profile.costs(s, kind, work)  # (own: at its in-flight count)
         if own != base:  # the in-flight microbatches' toll: busy time too
             self.toll[a.step] = self.toll.get(a.step, 0.0) + own - base

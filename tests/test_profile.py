@@ -440,7 +440,7 @@ def test_the_cpu_time_of_each_call_is_the_threads_own_not_its_wait():
     cpu: dict = {}
     t = time_interleaved({"sleep": lambda: time.sleep(0.005), "spin": spin}, rounds=2, passes=2, cpu=cpu)
     assert t["sleep"][0] >= 0.005 and cpu["sleep"] < 0.002
-    assert cpu["spin"] >= 0.004 and t["spin"][0] >= cpu["spin"]
+    assert cpu["spin"] >= 0.004  # (and at most its wall seconds, per call: the clamp's own test, below)
     assert time_interleaved({"sleep": lambda: time.sleep(0.001)}, rounds=1, passes=1).keys() == {"sleep"}
 
 
@@ -479,7 +479,9 @@ def test_a_profile_measured_with_cpu_time_holds_it_per_kind_and_joins_it_per_sta
     assert cpu["data"] == [0.0, 0.0]  # (no data source given: data costs nothing, as its wall time)
     for kind in ("forward", "backward", "update", "input", "weight", "copy", "predict", "accumulate"):
         wall = getattr(prof, kind)
-        assert all(0 <= c <= w + 1e-4 for c, w in zip(cpu[kind], wall)), kind
+        # (each call's CPU seconds are held to its wall seconds, so the same statistic over the same
+        # calls is too: this holds unless a kind's or a stage's figures are joined to another's)
+        assert all(0 <= c <= w for c, w in zip(cpu[kind], wall)), kind
     assert cpu["forward"][0] > 0 and cpu["backward"][1] > 0
     assert "cpu" not in measure_profile(stages, opt, x, x, reps=1).meta
     parts = [measure_profile([st], opt, x, x, reps=1, cpu_time=True) for st in stages]

@@ -120,7 +120,9 @@ class CostProfile:
     def costs(self, stage: int, kind: str, work: dict | None = None) -> tuple[float, float, float]:
         """(base, own, cost) of an action of ``kind`` at ``stage`` that did ``work``: its cost
         without ``work``, with only its ``held`` (its in-flight count's toll), and with all of it
-        (:meth:`cost`), in one pass (the simulator's inner loop needs all three)."""
+        (:meth:`cost`), in one pass (the simulator's inner loop needs all three). Work of only
+        ``held`` adds nothing; until 2026-12-06 it added zero times each extra cost, which differs
+        only where one of those is infinite or NaN, which no measured profile holds."""
         if kind == FORWARD:
             c = self.forward[stage]
         elif kind == BACKWARD:

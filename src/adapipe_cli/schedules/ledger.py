@@ -174,15 +174,11 @@ class Ledger:
         """Free the copies and predictions nothing needs any more; returns (versions, prediction
         keys) freed. ``floor``: the program's floor, or a callable giving it, called only if a
         copy is neither live nor in use (the simulator's: most actions free nothing)."""
-        unused = self.copies - self.uses.keys() if self.copies else None
+        gone = []
+        unused = self.copies - self.uses.keys() - {self.live} if self.copies else None
         if unused:
-            unused.discard(self.live)
-        if unused:
-            if callable(floor):
-                floor = floor()
+            floor = floor() if callable(floor) else floor
             gone = [v for v in self.copies if v in unused and v < floor]
-        else:
-            gone = []
         for v in gone:
             self.copies.discard(v)
         dropped = [k for k in self.predicted if k not in self.pred_uses and k[2] < self.live] if self.predicted else []
@@ -223,7 +219,7 @@ class Ledger:
 
     def _measure(self, extra_params: int = 0) -> None:
         pk, b = self.peak, self.nbytes
-        sets = 1 + len(self.copies) + len(self.predicted) + extra_params  # (param_sets())
+        sets = self.param_sets() + extra_params
         grads = len(self.grads)
         acts = len(self.inflight)
         if sets > pk.param_sets:
@@ -232,8 +228,9 @@ class Ledger:
             pk.grad_sets = grads
         if acts > pk.activations:
             pk.activations = acts
-        if 1 + len(self.uses) + len(self.copies) > pk.versions:  # (at most that many: only then can it be a new peak)
-            pk.versions = max(pk.versions, self.versions_held())
+        versions = self.versions_held()
+        if versions > pk.versions:
+            pk.versions = versions
         total = (sets + grads) * b.params + acts * b.activation + b.optimizer
         if total >= pk.bytes:
             pk.bytes = total

@@ -104,6 +104,34 @@ def test_transition_warmup_changes_lr_and_momentum_as_configured():
     assert [pure.update_scale(0, t, ASYNC, 0.0) for t in range(4)] == [(0.5, None)] * 4
 
 
+def test_knobs_of_long_async_phases_match_a_scan_of_the_whole_phase():
+    """The policy looks back only as far as its knobs reach (transition_steps, PipeMare's
+    lr_reschedule_steps); over long, mixed plans its every scale and momentum equal those computed
+    from each async phase's first step, found by scanning the whole plan back."""
+    import random
+
+    rng = random.Random(7)
+    phases = [rng.choice([SYNC, ASYNC, ASYNC, ASYNC]) for _ in range(40)] + [ASYNC] * 150 + [SYNC] + [ASYNC] * 30
+    o = optim_cfg(decay="constant", warmup_steps=0)
+    for ramp, anneal, start in ((3, 5, SYNC), (0, 40, ASYNC), (12, 2, ASYNC), (0, 1, SYNC)):
+        plan = [start] + phases
+        c = sched_cfg(async_lr_scale=0.5, transition_steps=ramp, transition_lr_scale=0.25, transition_momentum=0.7,
+                      mitigation=["lr_reschedule"], lr_reschedule_steps=anneal)
+        pol = UpdatePolicy(o, c, Plan(len(plan), plan), len(plan))
+        for t, phase in enumerate(plan):
+            first = t
+            while first > 0 and plan[first - 1] == ASYNC:
+                first -= 1
+            k, delay = t - first, 1 + t % 3
+            scale, beta1 = 1.0, None
+            if phase == ASYNC:
+                scale = 0.5
+                if first > 0 and k < ramp:
+                    scale, beta1 = scale * (0.25 + 0.75 * k / ramp), 0.7
+                scale *= (1 + delay) ** -(1 - min(k / anneal, 1.0))
+            assert pol.update_scale(0, t, phase, delay) == (pytest.approx(scale, rel=1e-15), beta1), (ramp, anneal, t)
+
+
 def test_transition_momentum_reaches_the_optimizer():
     """The optimizer really steps with the overridden beta1 during a transition, and its own after."""
     from helpers import local_runtime, make_data

@@ -50,6 +50,13 @@ class UpdatePolicy:
 
     def __init__(self, optim_cfg, sched_cfg, plan: Plan, total_steps: int):
         self.o, self.c, self.plan, self.total = optim_cfg, sched_cfg, plan, total_steps
+        # the knobs read once: a config node's attribute costs several microseconds, and every
+        # stage's every update reads up to eight of them (neither config changes during a run)
+        self._warmup, self._min_ratio, self._decay = optim_cfg.warmup_steps, optim_cfg.min_lr_ratio, optim_cfg.decay
+        self._async_scale, self._reschedule_steps = sched_cfg.async_lr_scale, sched_cfg.lr_reschedule_steps
+        self._ramp, self._ramp_from = sched_cfg.transition_steps, sched_cfg.transition_lr_scale
+        self._ramp_momentum = sched_cfg.transition_momentum
+        self._gamma, self._beta = sched_cfg.nesterov_gamma, sched_cfg.predict_beta
         self.mitigations = set(sched_cfg.mitigation)
         unknown = self.mitigations - set(MITIGATIONS)
         if unknown:
@@ -65,14 +72,19 @@ class UpdatePolicy:
 
     # -- learning rate -----------------------------------------------------------------------
     def base_scale(self, step: int) -> float:
-        return lr_factor(step, self.o.warmup_steps, self.total, self.o.min_lr_ratio, self.o.decay)
+        return lr_factor(step, self._warmup, self.total, self._min_ratio, self._decay)
 
-    def async_start(self, step: int) -> int:
-        """First step of the async phase that contains ``step``."""
-        k = step
-        while k > 0 and self.plan.phases[k - 1] == ASYNC:
-            k -= 1
-        return k
+    def _async_age(self, step: int, limit: int) -> tuple[int, bool]:
+        """``(k, after_sync)``: ``k`` the steps of ``step``'s async phase before it (``step`` minus
+        the phase's first step), counted only up to ``limit`` (the
+        knobs look no further back: a ramp of ``transition_steps``, PipeMare's anneal over
+        ``lr_reschedule_steps``), and whether that async phase began after a sync step (not at
+        the run's first step; meaningful while ``k < limit``). A scan of the whole phase would
+        cost every update time linear in the step."""
+        phases, k = self.plan.phases, 0
+        while k < limit and step - k > 0 and phases[step - k - 1] == ASYNC:
+            k += 1
+        return k, step - k > 0
 
     def schedule_scale(self, step: int, phase: str) -> float:
         """The learning-rate scale every stage's update of ``step`` shares: warm-up and decay, and
@@ -81,12 +93,11 @@ class UpdatePolicy:
         scale = self.base_scale(step)
         if phase == SYNC:
             return scale
-        scale *= self.c.async_lr_scale
-        start = self.async_start(step)
-        k = step - start
-        if start > 0 and k < self.c.transition_steps:  # a switch from sync into async
-            r = self.c.transition_lr_scale
-            scale *= r + (1 - r) * k / self.c.transition_steps
+        scale *= self._async_scale
+        k, after_sync = self._async_age(step, self._ramp)
+        if after_sync and k < self._ramp:  # a switch from sync into async
+            r = self._ramp_from
+            scale *= r + (1 - r) * k / self._ramp
         return scale
 
     def update_scale(self, stage: int, step: int, phase: str, delay: float) -> tuple[float, float | None]:
@@ -95,12 +106,13 @@ class UpdatePolicy:
         scale, beta1 = self.schedule_scale(step, phase), None
         if phase == SYNC:
             return scale, None
-        start = self.async_start(step)
-        k = step - start
-        if start > 0 and k < self.c.transition_steps:  # a switch from sync into async
-            beta1 = self.c.transition_momentum
-        if "lr_reschedule" in self.mitigations and delay > 0:
-            anneal = 1 - min(k / max(1, self.c.lr_reschedule_steps), 1.0)
+        reschedule = "lr_reschedule" in self.mitigations and delay > 0
+        anneal_steps = max(1, self._reschedule_steps)
+        k, after_sync = self._async_age(step, max(self._ramp, anneal_steps if reschedule else 0))
+        if after_sync and k < self._ramp:  # a switch from sync into async
+            beta1 = self._ramp_momentum
+        if reschedule:
+            anneal = 1 - min(k / anneal_steps, 1.0)
             scale *= (1 + delay) ** (-anneal)
         return scale, beta1
 
@@ -129,7 +141,7 @@ class UpdatePolicy:
         if before is None:
             return
         if "nesterov" in self.mitigations and phase == ASYNC:
-            g = self.c.nesterov_gamma
+            g = self._gamma
             prev = self.previous_step.get(ex.s)
             for p, w0, d0 in zip(ex.params, before, prev or [None] * len(before)):
                 step = (p - w0) * (1 - g)
@@ -139,7 +151,7 @@ class UpdatePolicy:
         deltas = [p.detach() - w0 for p, w0 in zip(ex.params, before)]
         self.previous_step[ex.s] = deltas
         if "predict" in self.mitigations:
-            b = self.c.predict_beta
+            b = self._beta
             u = self.velocity.get(ex.s)
             self.velocity[ex.s] = deltas if u is None or b == 0 else [v.mul(b).add_(d, alpha=1 - b) for v, d in zip(u, deltas)]
 

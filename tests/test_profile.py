@@ -519,3 +519,35 @@ def test_a_profile_measured_with_its_spread_holds_it_per_kind_and_joins_it_per_s
     assert set(joined.meta["cpu_cv"]) == set(KINDS) and all(c >= 0 for v in joined.meta["cpu_cv"].values() for c in v)
     assert joined.meta["cpu_cv"]["forward"] == [parts[0].meta["cpu_cv"]["forward"][0], parts[1].meta["cpu_cv"]["forward"][0]]
     assert cv_from_profile(joined, "cpu_cv")["B"] == joined.meta["cpu_cv"]["backward"]
+
+
+def test_the_profiled_update_steps_on_a_gradient_of_the_stages_own_backward(make_cfg):
+    """The update the profile times is the optimizer's step on a real gradient, as in a run, not on
+    zeros (with which Adam's second moment stays 0, and torch's sqrt of zeros is many times slower
+    than of other values on some CPUs, so the update was overcharged). Adam's first step moves
+    every parameter with a nonzero gradient by the learning rate: the norm weights (no weight
+    decay) move by lr in most entries; with zero gradients they would not move at all. Each call
+    gets a fresh copy of the gradient: the clipping multiply scales it in place, and Adam's moments
+    of the second call then see the same gradient again."""
+    from adapipe_cli.runtime.profile import stage_work
+    from adapipe_cli.model.build import make_stages, model_config
+    from adapipe_cli.optim import StageOptimizer
+
+    cfg = make_cfg("pipeline.stages=2", "optim=adamw", "optim.warmup_steps=0")
+    stages, _ = make_stages(cfg, model_config(cfg, 64))
+    x = torch.randint(0, 64, (2, 16))
+    opt = lambda named: StageOptimizer(named, cfg.optim)  # noqa: E731
+    lr = cfg.optim.lr
+    names = [n for n, _ in stages[0].named_parameters()]
+    for s in (0, 1):
+        work, _ = stage_work(stages[s], opt, x, x, grad_clip=1.0)
+        names = [n for n, _ in stages[s].named_parameters()]
+        for call in range(2):
+            before = work["copy"].run()
+            work["update"](lambda: 0.0)
+            moved = [(a - b).abs() for a, b in zip(work["copy"].run(), before)]
+            norms = [m for n, m in zip(names, moved) if n.endswith("ln1.weight") or n.endswith("ln_f.weight")]
+            assert norms, names
+            for m in norms:
+                assert float(m.max()) <= lr * 1.001
+                assert float((m > lr * 0.5).float().mean()) > 0.9, (s, call)

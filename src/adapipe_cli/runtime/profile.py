@@ -182,13 +182,19 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     velocity = [torch.zeros_like(p) for p in params]
     acc = [torch.zeros_like(p) for p in params]
 
-    # the update's gradient: one of the stage's own backwards, as a run's first update has (a fresh
-    # copy before each call: the clipping multiply scales it in place). Not zeros: they keep Adam's
-    # second moment at 0, and on an AVX-512 CPU torch's sqrt of zeros took 25 times as long as of
-    # other values (266 against 11 us over 65,536 floats), so an update of zero gradients cost
-    # gpt-nano's first stage 3.7 ms against 2.2 ms on real ones (docs/results/profile_update.md)
+    # The update is timed as a run's is, past its first steps: the optimizer's moments nonzero
+    # wherever the run's gradients have been, then each call on a gradient of the stage's own
+    # backward (a fresh copy: the clipping multiply scales it in place). Not on zeros: they keep
+    # Adam's second moment at 0, and torch's sqrt of zeros took about 20 times as long as of other
+    # values on an AVX-512 CPU, so an AdamW update was charged 1.6 to 1.8 times its cost (until
+    # 2026-12-06; docs/results/profile_update.md). One microbatch's gradient alone would leave the
+    # embedding rows of every token it lacks at 0 (most of a 2048-token vocabulary), which a run
+    # has seen within its first few hundred steps: one untimed step on a dense gradient first.
     real = torch.autograd.grad(fwd(), params, grad, allow_unused=True)
     real = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, real)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt.step(1.0)
 
     def fresh_grads():
         for p, g in zip(params, real):

@@ -113,23 +113,28 @@ def test_knobs_of_long_async_phases_match_a_scan_of_the_whole_phase():
     rng = random.Random(7)
     phases = [rng.choice([SYNC, ASYNC, ASYNC, ASYNC]) for _ in range(40)] + [ASYNC] * 150 + [SYNC] + [ASYNC] * 30
     o = optim_cfg(decay="constant", warmup_steps=0)
-    for ramp, anneal, start in ((3, 5, SYNC), (0, 40, ASYNC), (12, 2, ASYNC), (0, 1, SYNC)):
+    cases = [(3, 5, SYNC, True), (0, 40, ASYNC, True), (12, 2, ASYNC, True), (0, 1, SYNC, True), (4, 0, SYNC, True),
+             (5, 3, ASYNC, False)]
+    for ramp, anneal, start, reschedule in cases:
         plan = [start] + phases
         c = sched_cfg(async_lr_scale=0.5, transition_steps=ramp, transition_lr_scale=0.25, transition_momentum=0.7,
-                      mitigation=["lr_reschedule"], lr_reschedule_steps=anneal)
+                      mitigation=["lr_reschedule"] if reschedule else [], lr_reschedule_steps=anneal)
         pol = UpdatePolicy(o, c, Plan(len(plan), plan), len(plan))
         for t, phase in enumerate(plan):
             first = t
             while first > 0 and plan[first - 1] == ASYNC:
                 first -= 1
-            k, delay = t - first, 1 + t % 3
-            scale, beta1 = 1.0, None
+            k, delay = t - first, t % 3  # (a delay of 0: no rescheduling)
+            shared, beta1 = 1.0, None  # the scale every stage shares (schedule_scale)
             if phase == ASYNC:
-                scale = 0.5
+                shared = 0.5
                 if first > 0 and k < ramp:
-                    scale, beta1 = scale * (0.25 + 0.75 * k / ramp), 0.7
-                scale *= (1 + delay) ** -(1 - min(k / anneal, 1.0))
+                    shared, beta1 = shared * (0.25 + 0.75 * k / ramp), 0.7
+            scale = shared
+            if phase == ASYNC and reschedule and delay > 0:
+                scale *= (1 + delay) ** -(1 - min(k / max(1, anneal), 1.0))
             assert pol.update_scale(0, t, phase, delay) == (pytest.approx(scale, rel=1e-15), beta1), (ramp, anneal, t)
+            assert pol.schedule_scale(t, phase) == pytest.approx(shared, rel=1e-15), (ramp, anneal, t)
 
 
 def test_transition_momentum_reaches_the_optimizer():

@@ -164,7 +164,6 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
     st = copy.deepcopy(stage)
-    opt = make_optimizer(list(st.named_parameters()))
     params = list(st.parameters())
     rows, seq = tokens.shape
     x = tokens if st.first else _stage_input(tokens, st.cfg.d_model)
@@ -182,22 +181,28 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     velocity = [torch.zeros_like(p) for p in params]
     acc = [torch.zeros_like(p) for p in params]
 
-    # The update is timed as a run's is, past its first steps: the optimizer's moments nonzero
-    # wherever the run's gradients have been, then each call on a gradient of the stage's own
-    # backward (a fresh copy: the clipping multiply scales it in place). Not on zeros: they keep
-    # Adam's second moment at 0, and torch's sqrt of zeros took about 20 times as long as of other
-    # values on an AVX-512 CPU, so an AdamW update was charged 1.6 to 1.8 times its cost (until
-    # 2026-12-06; docs/results/profile_update.md). One microbatch's gradient alone would leave the
-    # embedding rows of every token it lacks at 0 (most of a 2048-token vocabulary), which a run
-    # has seen within its first few hundred steps: one untimed step on a dense gradient first.
+    # The update is timed on the stage's own gradients, with the optimizer's moments nonzero
+    # wherever a run's gradients have been: one untimed step on a dense gradient first, then each
+    # call on a gradient of the stage's own backward (a fresh copy: the clipping multiply scales it
+    # in place). Before 5cb814c it was timed on zero gradients, which keep Adam's second moment at
+    # 0, and torch's sqrt of zeros took about 20 times as long as of other values on an AVX-512
+    # CPU: an AdamW update was charged 1.5 to 1.8 times its cost on a real gradient
+    # (docs/results/profile_update.md). One microbatch's gradient alone (5cb814c) leaves the
+    # embedding rows of the tokens it lacks at 0, most of a 2048-token vocabulary, where a run has
+    # seen most tokens within a few hundred steps (on tinyshakespeare all but 342 of 2048 by step
+    # 250). The updates step a copy of their own, so that the forwards and backwards keep timing
+    # the stage's weights (a few dozen steps along one gradient carry weights far off).
     real = torch.autograd.grad(fwd(), params, grad, allow_unused=True)
     real = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, real)]
-    for p in params:
-        p.grad = torch.randn_like(p)
+    upd = copy.deepcopy(st)
+    upd_params = list(upd.parameters())
+    opt = make_optimizer(list(upd.named_parameters()))
+    for p in upd_params:  # (drawn by the CPU's generator, which measure_profile restores)
+        p.grad = torch.randn(p.shape, dtype=p.dtype).to(p.device)
     opt.step(1.0)
 
     def fresh_grads():
-        for p, g in zip(params, real):
+        for p, g in zip(upd_params, real):
             p.grad = g.clone()
 
     def split(y):  # a backward's I, untimed, before its W is timed
@@ -209,7 +214,7 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
         stage_backward_weight(iter(params), groups)
 
     def update():
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in upd_params]
         float(torch.stack([torch.linalg.vector_norm(g) for g in grads]).pow(2).sum())
         if grad_clip > 0:  # the clipping multiply, charged always (it runs whenever the norm exceeds grad_clip)
             for g in grads:
@@ -222,8 +227,8 @@ def stage_work(stage: GPTStage, make_optimizer: Callable[[list], StageOptimizer]
     else:
         input_work = Work(lambda y: stage_backward_input([y], None if st.last else [grad], [x], iter(params)), setup=fwd)
         weight_work = Work(weight_of, setup=lambda: split(fwd()))
-    # the in-flight timings run on a copy of their own, which no update changes: their graphs
-    # outlive the rounds' updates of ``st``
+    # the in-flight timings run on a copy of their own: their graphs outlive the rounds' other work
+    # (a copy's weights, which nothing changes in place, are safe to keep graphs of)
     held_st = copy.deepcopy(st)
     held_params = list(held_st.parameters())
     held_inputs = held_params if st.first else [x, *held_params]

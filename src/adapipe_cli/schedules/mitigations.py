@@ -90,11 +90,12 @@ class UpdatePolicy:
         """The learning-rate scale every stage's update of ``step`` shares: warm-up and decay, and
         in async the phase's own scale and the transition ramp (PipeMare's per-stage rescheduling
         comes on top, in :meth:`update_scale`)."""
-        scale = self.base_scale(step)
         if phase == SYNC:
-            return scale
-        scale *= self._async_scale
-        k, after_sync = self._async_age(step, self._ramp)
+            return self.base_scale(step)
+        return self._async_schedule_scale(step, *self._async_age(step, self._ramp))
+
+    def _async_schedule_scale(self, step: int, k: int, after_sync: bool) -> float:
+        scale = self.base_scale(step) * self._async_scale
         if after_sync and k < self._ramp:  # a switch from sync into async
             r = self._ramp_from
             scale *= r + (1 - r) * k / self._ramp
@@ -103,12 +104,12 @@ class UpdatePolicy:
     def update_scale(self, stage: int, step: int, phase: str, delay: float) -> tuple[float, float | None]:
         """(learning-rate scale, momentum override or None) of stage ``stage``'s update of
         ``step``, whose gradient is ``delay`` steps stale on average."""
-        scale, beta1 = self.schedule_scale(step, phase), None
         if phase == SYNC:
-            return scale, None
+            return self.base_scale(step), None
         reschedule = "lr_reschedule" in self.mitigations and delay > 0
-        anneal_steps = max(1, self._reschedule_steps)
-        k, after_sync = self._async_age(step, max(self._ramp, anneal_steps if reschedule else 0))
+        anneal_steps = max(1, self._reschedule_steps) if reschedule else 0
+        k, after_sync = self._async_age(step, max(self._ramp, anneal_steps))
+        scale, beta1 = self._async_schedule_scale(step, k, after_sync), None
         if after_sync and k < self._ramp:  # a switch from sync into async
             beta1 = self._ramp_momentum
         if reschedule:

@@ -32,6 +32,24 @@ def records(run_dir: Path) -> tuple[list[dict], list[tuple[int, float]]]:
     return steps, [(r["step"], r["val_loss"]) for r in recs if r["kind"] == "eval"]
 
 
+def run_ranks(procs: list, timeout_s: float) -> None:
+    """Start ``procs`` (multiprocessing processes, one per rank), wait up to ``timeout_s`` for each
+    and assert that every one exited with 0; a hung or failed rank is killed before this returns or
+    raises, so that none outlives the test."""
+    try:
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(timeout_s)
+        assert [proc.exitcode for proc in procs] == [0] * len(procs), \
+            f"a rank failed (exit code) or hung (None) for {timeout_s:g} s"
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+
+
 def descendants(pid: int) -> set[int]:
     """Every process under ``pid``."""
     children: dict[int, list[int]] = {}

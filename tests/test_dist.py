@@ -28,7 +28,7 @@ from adapipe_cli.schedules import BACKWARD, EVAL, FORWARD, INPUT, SYNC, UPDATE, 
 from adapipe_cli.train.loop import train
 from conftest import TINY, drawn_plots, fixed_clock
 from pipelining_rank import pipelining_rank
-from procs import ENV, alive, comm, descendants, records
+from procs import ENV, alive, comm, descendants, records, run_ranks
 
 
 
@@ -478,17 +478,7 @@ def test_sync_gradients_equal_torch_pipelining(tmp_path, schedule):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = worker_context()
     procs = [ctx.Process(target=pipelining_rank, args=(r, store.port, schedule, str(tmp_path))) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    try:
-        for proc in procs:
-            proc.join(120)
-        assert [proc.exitcode for proc in procs] == [0, 0], "a rank failed (exit code) or hung (None) for 120 s"
-    finally:  # a hung or failed rank must not outlive the test
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+    run_ranks(procs, 120)
     for r in range(2):
         g = torch.load(tmp_path / f"rank{r}.pt")
         assert len(g["theirs"]) == len(g["ours"])

@@ -29,6 +29,7 @@ from adapipe_cli.runtime.transport import LocalTransport
 from adapipe_cli.schedules.walk import walk
 from adapipe_cli.schedules import SYNC, UPDATE, Plan, ScheduleSpec, StageProgram
 from pipelining_rank import NoUpdates
+from procs import run_ranks
 
 CFG = GPTConfig(vocab_size=64, block_size=16, n_layer=4, d_model=32, n_head=2)
 ROWS = 8
@@ -80,17 +81,7 @@ def torch_gradients(tmp_path, schedule: str, p: int, v: int, m: int) -> dict[int
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = worker_context()
     procs = [ctx.Process(target=_torch_rank, args=(r, store.port, schedule, p, v, m, str(tmp_path))) for r in range(p)]
-    try:
-        for proc in procs:
-            proc.start()
-        for proc in procs:
-            proc.join(180)
-        assert [proc.exitcode for proc in procs] == [0] * p
-    finally:  # a hung or failed rank must not outlive the test
-        for proc in procs:
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
+    run_ranks(procs, 180)
     grads: dict[int, list[torch.Tensor]] = {}
     for r in range(p):
         grads.update(torch.load(tmp_path / f"rank{r}.pt"))

@@ -9,9 +9,10 @@ slower than of other values on a CPU. This measures, in one process and one thre
    (1e-40: what a second moment decays to when a gradient stays 0 for long);
 2. each stage's update (the executor's: squared gradient norm, the clipping multiply, the
    optimizer's step) on zero gradients, on a gradient of the stage's own backward (fresh copies
-   before each call), and on the same after one step on a dense random gradient (what the profile
-   times now: one microbatch's gradient alone leaves the embedding rows of the tokens it lacks at
-   0), alternating call by call, each on its own copy and optimizer.
+   before each call), each on its own copy and optimizer, and the profile's own update
+   (``stage_work``'s: its microbatch's gradient after one step on a dense random gradient; one
+   microbatch's gradient alone leaves the embedding rows of the tokens it lacks at 0),
+   alternating call by call.
 
 3. with ``--train N``: the run's own updates. The stages are trained as one chained model for N
    steps (one microbatch a step, clipped by the global norm, the optimizer's constant rate after
@@ -156,7 +157,7 @@ def main() -> None:
     tokens, targets = data.train_batch(0, args.rows)
     print(f"{args.model}, {args.optim}, {args.stages} stages, microbatch {args.rows} x {tokens.shape[1]}: one stage's "
           f"update (ms) on zero gradients, on its own backward's, and on its own after one step on a dense gradient "
-          f"(the profile's since 2026-12-06)")
+          f"(the profile's own, since e974eaf)")
     total = {"zero": 0.0, "own": 0.0, "dense, own": 0.0}
     for s, stage in enumerate(stages):
         first, last = s == 0, s == len(stages) - 1
@@ -167,21 +168,19 @@ def main() -> None:
         real = torch.autograd.grad(out, params, None if last else torch.randn_like(out), allow_unused=True)
         real = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, real)]
         ways = {}
-        for name, grads, dense in (("zero", [torch.zeros_like(g) for g in real], False), ("own", real, False),
-                                   ("dense, own", real, True)):
+        for name, grads in (("zero", [torch.zeros_like(g) for g in real]), ("own", real)):
             mod = copy.deepcopy(stage)  # each way its own weights and optimizer state
             ps = list(mod.parameters())
             opt = StageOptimizer(list(mod.named_parameters()), cfg.optim)
-            if dense:  # the profile's: one step on a dense gradient first
-                for p in ps:
-                    p.grad = torch.randn_like(p)
-                opt.step(1.0)
 
             def update(ps=ps, opt=opt, grads=grads):
                 for p, g in zip(ps, grads):
                     p.grad = g.clone()
                 return executor_update(ps, opt, 1.0)
             ways[name] = update
+        # the profile's own: stage_work's update (its microbatch's gradient, after the dense step)
+        profiled = stage_work(stage, lambda named: StageOptimizer(named, cfg.optim), tokens, targets, grad_clip=1.0)[0]
+        ways["dense, own"] = lambda w=profiled["update"]: w(time.thread_time)
         t = {k: [] for k in ways}
         for i in range(args.warm + args.calls):
             for k, f in ways.items():

@@ -178,8 +178,8 @@ class HeuristicConfig:
     # held-out set of signal_tokens tokens after every step (heldout: on the clock, each stage's
     # share of its forward after the stage's update; on dist each worker runs it after its
     # update). Default train since 2026-12-04: charged, 512 tokens cost gain 1.17-1.75x the best
-    # fixed method, and the training loss beat 64 tokens in 7 of 8 comparisons (README, "The
-    # held-out signal on the clock")
+    # fixed method, and the training loss beat 64 tokens in 7 of 8 comparisons (docs/results/
+    # history.md, "The held-out signal on the clock")
     signal: str = "train"
     signal_tokens: int = 512
     # divergence guard

@@ -3,7 +3,8 @@
 Two processes, one thread each, stage r of bench_dist's 2-stage cut on rank r (gpt-nano, batch 16,
 4 microbatches: a microbatch of 4 rows). Rounds alternate three modes: stage 0 alone (rank 1
 blocked on a barrier, using no CPU), stage 1 alone, and both at once; in each round the active
-ranks time ``--calls`` forwards and backwards (profile.stage_work's, the profile's own work). For
+ranks time ``--calls`` forwards, backwards and updates (profile.stage_work's, the profile's own
+work; "both" runs the two ranks' updates at about the same moment, as a synchronous update does). For
 each stage and kind: the median over calls of wall and thread-CPU time alone and together, and
 their ratio (together / alone). CPU time is what a stage computes while it runs, so a CPU ratio
 above 1 is contention (cache, memory bandwidth, a shared physical core, clocks), not preemption.
@@ -26,7 +27,7 @@ import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 MODES = ("alone0", "alone1", "both")
-KINDS = ("forward", "backward")
+KINDS = ("forward", "backward", "update")
 
 
 def _rank(rank: int, args: dict, barrier, queue) -> None:

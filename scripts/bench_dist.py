@@ -60,6 +60,7 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from adapipe_cli.cli import signals  # noqa: E402
 from adapipe_cli.cli.compose import compose_config  # noqa: E402
 from adapipe_cli.model.build import make_stages, model_config  # noqa: E402
 from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
@@ -128,13 +129,33 @@ class RunResult(NamedTuple):
     # its start-up calls' did (``meta["cpu_cv"]``; none before 2026-12-05, later)
 
 
+def run_child(cmd: list[str], grace_s: float = 30.0) -> None:
+    """Run ``cmd`` (stdout discarded); raise CalledProcessError if it fails. Interrupted (Ctrl-C, or
+    SIGTERM, which :func:`main` turns into one), the child gets SIGTERM, which an ``adapipe train``
+    takes as Ctrl-C (it stops its workers), and SIGKILL if it is still there after ``grace_s``: a
+    stopped benchmark leaves no run behind."""
+    child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
+    try:
+        code = child.wait()
+    except BaseException:
+        child.terminate()
+        try:
+            child.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        raise
+    if code:
+        raise subprocess.CalledProcessError(code, cmd)
+
+
 def adapipe_run(args, schedule: str, out: Path, replicas: int = 1,
                 reference: Path | None = None) -> RunResult:
     """A dist run of ``schedule`` in ``out`` and what the simulator predicts for it (:class:`RunResult`)."""
     cfg = compose_config(overrides(args, schedule, replicas))
     # (a process of its own: the driver's peak RSS in summary.json is then this run's alone)
-    subprocess.run([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
-                    f"hydra.run.dir={out}"], check=True, stdout=subprocess.DEVNULL)
+    run_child([sys.executable, "-m", "adapipe_cli.cli.main", "train", *overrides(args, schedule, replicas),
+               f"hydra.run.dir={out}"])
     lo, hi, measured, prof, plan, link = finished_run(out)
     allreduce = AllReduceModel(replicas, link.bandwidth, link.latency) if replicas > 1 else None
     table = json.loads((out / "summary.json").read_text())["action_times"]
@@ -277,8 +298,17 @@ def ranks(n: int, target, *args) -> None:
     procs = [ctx.Process(target=target, args=(r, store.port, *args)) for r in range(n)]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.join()
+    except BaseException:  # interrupted: no rank outlives the benchmark
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+        raise
     if any(p.exitcode for p in procs):
         raise SystemExit(f"a benchmark rank failed: {[p.exitcode for p in procs]}")
 
@@ -544,5 +574,13 @@ def report(runs: dict, depths: list[int], schedules: list[str], header: str, tra
     print(header)
     show(rows)
 
+
 if __name__ == "__main__":
-    main()
+    signals.install()  # SIGTERM (kill) takes Ctrl-C's path: the run in progress is stopped, not left behind
+    try:
+        main()
+    except KeyboardInterrupt as e:
+        word, code = signals.interrupt_exit(e)
+        print(f"bench_dist: {word}; the repeats it finished are in the run directory's bench.json "
+              f"(python scripts/bench_dist.py --report FILE prints them)", file=sys.stderr)
+        sys.exit(code)

@@ -46,6 +46,21 @@ def median_step(fn, steps: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
+def interleaved_median_steps(fns: dict, steps: int, warmup: int = 3) -> dict:
+    """Each of ``fns``' step functions timed ``steps`` times in turn, one step of each per round (so
+    that a machine whose speed drifts slows them alike); the median step time of each."""
+    for t in range(warmup):
+        for fn in fns.values():
+            fn(t)
+    times = {k: [] for k in fns}
+    for t in range(warmup, warmup + steps):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(t)
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 def bare_loop(cfg: GPTConfig, data, m: int = 1):
     """A plain PyTorch training step over the unpartitioned model (the baseline)."""
     model = build_full_model(cfg, 0)

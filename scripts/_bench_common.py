@@ -35,17 +35,6 @@ def batches(cfg: GPTConfig, batch: int, n: int, seed: int = 0):
     return out
 
 
-def median_step(fn, steps: int, warmup: int = 3) -> float:
-    for t in range(warmup):
-        fn(t)
-    times = []
-    for t in range(warmup, warmup + steps):
-        t0 = time.perf_counter()
-        fn(t)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def interleaved_median_steps(fns: dict, steps: int, warmup: int = 3) -> dict:
     """Each of ``fns``' step functions timed ``steps`` times in turn, one step of each per round (so
     that a machine whose speed drifts slows them alike); the median step time of each."""

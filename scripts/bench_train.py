@@ -2,7 +2,7 @@
 
 Prints tokens/s of gpt-nano and gpt-micro with 1 and 2 threads (adapipe, one stage), and the
 ratio of adapipe's one-stage training step to a bare PyTorch loop over the same model and batch
-(goal: at most 1.05). Run: python scripts/bench_train.py [--steps N]
+(goal: at most 1.05), their steps alternating. Run: python scripts/bench_train.py [--steps N]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from _bench_common import adapipe_local, bare_loop, batches, gpt, median_step
+from _bench_common import adapipe_local, bare_loop, batches, gpt, interleaved_median_steps
 
 
 def main() -> None:
@@ -26,8 +26,10 @@ def main() -> None:
         tokens = args.batch * cfg.block_size
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            bare = median_step(bare_loop(cfg, data), args.steps)
-            ours = median_step(adapipe_local(cfg, data, p=1, m=1), args.steps)
+            # one step of each in turn: a drift in the machine's speed slows both alike
+            t = interleaved_median_steps({"bare": bare_loop(cfg, data), "ours": adapipe_local(cfg, data, p=1, m=1)},
+                                         args.steps)
+            bare, ours = t["bare"], t["ours"]
             print(f"{name:<10} {threads:>7} {tokens / bare:>11,.0f} {tokens / ours:>14,.0f} {ours / bare:>13.3f}")
 
 

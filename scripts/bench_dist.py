@@ -131,9 +131,9 @@ class RunResult(NamedTuple):
 
 def run_child(cmd: list[str], grace_s: float = 30.0) -> None:
     """Run ``cmd`` (stdout discarded); raise CalledProcessError if it fails. Interrupted (Ctrl-C, or
-    SIGTERM, which :func:`main` turns into one), the child gets SIGTERM, which an ``adapipe train``
-    takes as Ctrl-C (it stops its workers), and SIGKILL if it is still there after ``grace_s``: a
-    stopped benchmark leaves no run behind."""
+    SIGTERM, which the script's entry point turns into one), the child gets SIGTERM, which an
+    ``adapipe train`` takes as Ctrl-C (it stops its workers), and SIGKILL if it is still there
+    after ``grace_s``: a stopped benchmark leaves no run behind."""
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
     try:
         code = child.wait()

@@ -66,6 +66,7 @@ from adapipe_cli.model.build import make_stages, model_config  # noqa: E402
 from adapipe_cli.runtime.action_times import in_run_profile  # noqa: E402
 from adapipe_cli.runtime.device import usable_cores  # noqa: E402
 from adapipe_cli.runtime.dist import worker_context  # noqa: E402
+from adapipe_cli.runtime.lifeline import stop_processes  # noqa: E402
 from adapipe_cli.schedules import Plan  # noqa: E402
 from adapipe_cli.schedules.choice import (follows_held_out, microbatch_size, schedule_choice, signal_rows,  # noqa: E402
                                          virtual_stages)
@@ -302,12 +303,7 @@ def ranks(n: int, target, *args) -> None:
         for p in procs:
             p.join()
     except BaseException:  # interrupted: no rank outlives the benchmark
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
+        stop_processes(procs, 10.0)
         raise
     if any(p.exitcode for p in procs):
         raise SystemExit(f"a benchmark rank failed: {[p.exitcode for p in procs]}")

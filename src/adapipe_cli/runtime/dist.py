@@ -59,7 +59,7 @@ from .device import usable_cores
 from .dist_transport import Board
 from .driver_link import verdict_value
 from .errors import TrainingDiverged, WorkerFailed
-from .lifeline import DRIVER_PID, start_forkserver, stop_helpers
+from .lifeline import DRIVER_PID, start_forkserver, stop_helpers, stop_processes
 from .action_times import action_table
 from .profile import join_profiles
 from .replicas import split_pipelines, where, who
@@ -539,16 +539,7 @@ class DistRuntime:
     def _terminate(self) -> None:
         """Stop the local workers: SIGTERM, then SIGKILL those still there after 3 s."""
         with self._stopping:
-            alive = [p for p in self.procs.values() if p.is_alive()]
-            for proc in alive:
-                proc.terminate()
-            deadline = time.monotonic() + 3.0
-            for proc in alive:
-                proc.join(max(0.0, deadline - time.monotonic()))
-            for proc in alive:
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join(5.0)
+            stop_processes(self.procs.values(), 3.0)
 
     def _abort_board(self) -> None:
         """Tell workers elsewhere (torchrun) that the run is over."""

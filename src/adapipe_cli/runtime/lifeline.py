@@ -11,7 +11,8 @@ connections timed out (minutes). The ties, on Linux:
 - a worker gets SIGKILL when the forkserver dies (:func:`die_with_parent`), and a thread of its own
   ends it the moment the driver's process ends (:func:`watch_driver`, a pidfd), whoever its parent;
 - :func:`stop_helpers` stops the forkserver and the resource tracker when the driver is
-  interrupted, instead of leaving them to notice its exit.
+  interrupted, instead of leaving them to notice its exit; :func:`stop_processes` stops workers
+  (SIGTERM, then SIGKILL after a grace).
 """
 
 from __future__ import annotations
@@ -98,6 +99,21 @@ def start_forkserver() -> None:
         forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)  # a Ctrl-C meanwhile reaches the driver now
+
+
+def stop_processes(procs, grace_s: float) -> None:
+    """Stop ``procs`` (multiprocessing processes): SIGTERM to those alive, then SIGKILL to those
+    still there after ``grace_s`` (one deadline for all)."""
+    alive = [p for p in procs if p.is_alive()]
+    for proc in alive:
+        proc.terminate()
+    deadline = time.monotonic() + grace_s
+    for proc in alive:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in alive:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5.0)
 
 
 def stop_helpers() -> None:
